@@ -1,0 +1,1 @@
+"""The spec, its compilation into Prefect flows, and the `tandem` CLI."""

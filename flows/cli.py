@@ -1,0 +1,71 @@
+"""`tandem`: validate, run and resume experiment specs.
+
+Exit codes: 0 success, 1 the run failed, 2 a bad spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from flows.spec import Spec, SpecError, load_spec
+
+BAD_SPEC = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        spec = _spec(args)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return BAD_SPEC
+    if args.command == "validate":
+        print(f"{args.spec}: ok ({spec.name}, run directory {spec.run_dir})")
+        return 0
+    return _run(spec)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, help_ in (("validate", "check a spec; print every error with its field and line"),
+                        ("run", "run a spec (resumes if its run directory has checkpoints)")):
+        command = commands.add_parser(name, help=help_)
+        command.add_argument("spec", type=Path)
+        command.add_argument("--set", dest="overrides", action="append", default=[],
+                             metavar="PATH=VALUE", help="override a field; VALUE is parsed as YAML")
+    resume = commands.add_parser("resume", help="continue a run from its latest checkpoint")
+    resume.add_argument("run_dir", type=Path)
+    return parser
+
+
+def _spec(args: argparse.Namespace) -> Spec:
+    if args.command == "resume":
+        # The run directory is where the spec was found, wherever the run was started from.
+        return load_spec(args.run_dir / "spec.yaml", [f"checkpoint.dir={args.run_dir.resolve()}"])
+    return load_spec(args.spec, args.overrides)
+
+
+def _run(spec: Spec) -> int:
+    from flows.server import ensure_api, ui_url
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.train import train
+
+    api_url = ensure_api()
+    print(f"Prefect UI: {ui_url(api_url)}  (API {api_url})", flush=True)
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        state = train(spec, return_state=True)
+    if not state.is_completed():
+        print(f"run failed: {state.message}", file=sys.stderr)
+        return 1
+    result = state.result()
+    print(f"done: step {result['step']}, version {result['version']}, run directory {spec.run_dir.resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The policy: a decoder-only transformer of the Llama/Qwen2 family in Flax NNX.
+
+Pre-norm RMSNorm, rotary position embeddings, grouped-query attention and a SwiGLU
+MLP. Sequences may be packed several to a row: `segment_ids` keeps them from
+attending to each other and `positions` restart at 0 in each, so a packed sequence
+sees exactly what it would see alone in a row.
+
+Outside this module the parameters are a pure nested dict (`init_params`) and the
+model is the pure function `forward_fn(config)`, which jits, differentiates and
+shards like any JAX function.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from learner.config import ModelConfig
+
+Params = dict[str, Any]
+Forward = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
+
+# Llama's initialiser: small embeddings make a freshly initialised policy nearly
+# uniform over the vocabulary, which RL from scratch needs to explore.
+_EMBED_INIT = nnx.initializers.normal(stddev=0.02)
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square normalisation with a learned scale, computed in float32."""
+
+    def __init__(self, dim: int, *, eps: float):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (x32 * self.scale[...]).astype(x.dtype)
+
+
+def apply_rope(x_blhd: jax.Array, positions_bl: jax.Array, theta: float) -> jax.Array:
+    """Rotates query or key features by their positions (Llama's half-split layout).
+
+    Args:
+      x_blhd: [B, L, heads, head_dim] queries or keys.
+      positions_bl: int [B, L] position of each token within its own sequence.
+      theta: RoPE base frequency.
+
+    Returns:
+      The rotated features, [B, L, heads, head_dim], in the dtype of `x_blhd`.
+    """
+    half = x_blhd.shape[-1] // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions_bl.astype(jnp.float32)[..., None] * inv_freq  # [B, L, half]
+    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x_blhd.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x_blhd.dtype)
+
+
+def attention_mask(segment_ids_bl: jax.Array) -> jax.Array:
+    """bool [B, 1, L, L]: query t sees key s iff s <= t, same segment, not padding."""
+    length = segment_ids_bl.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    same_segment = segment_ids_bl[:, :, None] == segment_ids_bl[:, None, :]
+    not_padding = (segment_ids_bl != 0)[:, :, None]
+    return (causal & same_segment & not_padding)[:, None]
+
+
+def _dense(in_features: int, out_features: int, config: ModelConfig, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        in_features, out_features, use_bias=False, dtype=config.dtype, param_dtype=jnp.float32, rngs=rngs
+    )
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention: n_heads queries share n_kv_heads keys and values."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        d, hd = config.d_model, config.head_dim
+        self.q = _dense(d, config.n_heads * hd, config, rngs)
+        self.k = _dense(d, config.n_kv_heads * hd, config, rngs)
+        self.v = _dense(d, config.n_kv_heads * hd, config, rngs)
+        self.o = _dense(config.n_heads * hd, d, config, rngs)
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
+        self.rope_theta = config.rope_theta
+
+    def __call__(self, x_bld: jax.Array, positions_bl: jax.Array, mask_b1ll: jax.Array) -> jax.Array:
+        b, l, _ = x_bld.shape
+        q = self.q(x_bld).reshape(b, l, self.n_heads, self.head_dim)
+        k = self.k(x_bld).reshape(b, l, self.n_kv_heads, self.head_dim)
+        v = self.v(x_bld).reshape(b, l, self.n_kv_heads, self.head_dim)
+        q = apply_rope(q, positions_bl, self.rope_theta)
+        k = apply_rope(k, positions_bl, self.rope_theta)
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask_b1ll)  # [B, L, H, D]
+        return self.o(out.reshape(b, l, self.n_heads * self.head_dim))
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.gate = _dense(config.d_model, config.d_ff, config, rngs)
+        self.up = _dense(config.d_model, config.d_ff, config, rngs)
+        self.down = _dense(config.d_ff, config.d_model, config, rngs)
+
+    def __call__(self, x_bld: jax.Array) -> jax.Array:
+        return self.down(jax.nn.silu(self.gate(x_bld)) * self.up(x_bld))
+
+
+class Block(nnx.Module):
+    """One pre-norm transformer layer: attention then MLP, each on a residual."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.attn = Attention(config, rngs=rngs)
+        self.mlp_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x_bld: jax.Array, positions_bl: jax.Array, mask_b1ll: jax.Array) -> jax.Array:
+        x_bld = x_bld + self.attn(self.attn_norm(x_bld), positions_bl, mask_b1ll)
+        return x_bld + self.mlp(self.mlp_norm(x_bld))
+
+
+class Transformer(nnx.Module):
+    """Decoder-only language model over packed rows of token ids."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(
+            config.vocab_size,
+            config.d_model,
+            dtype=config.dtype,
+            param_dtype=jnp.float32,
+            embedding_init=_EMBED_INIT,
+            rngs=rngs,
+        )
+        self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
+        self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        untied = not config.tie_embeddings
+        self.lm_head = _dense(config.d_model, config.vocab_size, config, rngs) if untied else None
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """Next-token logits, float32 [B, L, vocab], from int32 [B, L] inputs."""
+        mask = attention_mask(segment_ids)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, positions, mask)
+        x = self.final_norm(x)
+        logits = self.embed.attend(x) if self.lm_head is None else self.lm_head(x)
+        return logits.astype(jnp.float32)
+
+
+def init_params(config: ModelConfig, seed: int | jax.Array) -> Params:
+    """Randomly initialised parameters as a pure nested dict of float32 arrays.
+
+    `seed` may be traced, so a sharded state can be initialised inside `jax.jit`.
+    """
+    model = Transformer(config, rngs=nnx.Rngs(jax.random.key(seed)))
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+@functools.cache  # one function per config, so jit caches keyed on it are shared
+def forward_fn(config: ModelConfig) -> Forward:
+    """The model as a pure function `(params, tokens, positions, segment_ids) -> logits`.
+
+    The module structure is captured once from an abstract model (no weights are
+    allocated); each call rebuilds the module around `params`, which is free under
+    `jax.jit` and lets the same function serve the sampler and the train step.
+    """
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+    return functools.partial(_forward, graphdef)
+
+
+def _forward(graphdef: nnx.GraphDef, params: Params, tokens, positions, segment_ids) -> jax.Array:
+    return nnx.merge(graphdef, params)(tokens, positions, segment_ids)

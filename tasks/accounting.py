@@ -1,0 +1,89 @@
+"""Where every prompt attempt is: in flight, buffered, consumed at a step, or excluded.
+
+Invariant, at every moment: started = in_flight + buffered + consumed + Σ excluded.
+Attempts are keyed by (prompt id, attempt); events may arrive out of order (a group
+taken before its "buffered" report reaches the learner), so transitions only ever
+move an open attempt forward and ignore reports about closed ones.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from tasks.data import Prompt
+
+IN_FLIGHT, BUFFERED = "in_flight", "buffered"
+
+
+class Ledger:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open: dict[tuple[int, int], tuple[Prompt, str]] = {}
+        self.started = 0
+        self.consumed = 0
+        self.excluded: collections.Counter[str] = collections.Counter()
+        self.retried = 0
+
+    def dispatched(self, prompt: Prompt) -> None:
+        with self._lock:
+            self._open[prompt.id, prompt.attempt] = (prompt, IN_FLIGHT)
+            self.started += 1
+
+    def buffered(self, prompt_id: int, attempt: int) -> None:
+        with self._lock:
+            entry = self._open.get((prompt_id, attempt))
+            if entry is not None:
+                self._open[prompt_id, attempt] = (entry[0], BUFFERED)
+
+    def consume(self, prompt_id: int, attempt: int) -> None:
+        with self._lock:
+            if self._open.pop((prompt_id, attempt), None) is not None:
+                self.consumed += 1
+
+    def exclude(self, prompt_id: int, attempt: int, reason: str) -> Prompt | None:
+        """Closes the attempt with `reason`; returns its prompt (None if already closed)."""
+        with self._lock:
+            entry = self._open.pop((prompt_id, attempt), None)
+            if entry is None:
+                return None
+            self.excluded[reason] += 1
+            return entry[0]
+
+    def open_prompts(self) -> list[Prompt]:
+        """Prompts in flight or buffered: what a resumed run must generate again."""
+        with self._lock:
+            return [prompt for prompt, _ in self._open.values()]
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            states = collections.Counter(state for _, state in self._open.values())
+            return {
+                "started": self.started,
+                "in_flight": states[IN_FLIGHT],
+                "buffered": states[BUFFERED],
+                "consumed": self.consumed,
+                "excluded": dict(self.excluded),
+                "retried": self.retried,
+            }
+
+    def state(self) -> dict:
+        """Checkpointable counters; open attempts are saved apart, as prompts to redo."""
+        snap = self.snapshot()
+        return {"consumed": snap["consumed"], "excluded": snap["excluded"], "retried": snap["retried"]}
+
+    def restore(self, state: dict) -> None:
+        """Restores the closed attempts of a checkpoint; its open ones are redone, so
+        they count as started again when dispatched."""
+        with self._lock:
+            self._open.clear()
+            self.consumed = state["consumed"]
+            self.excluded = collections.Counter(state["excluded"])
+            self.retried = state["retried"]
+            self.started = self.consumed + sum(self.excluded.values())
+
+
+def balanced(snapshot: dict) -> bool:
+    """The accounting invariant of DESIGN.md."""
+    return snapshot["started"] == (snapshot["in_flight"] + snapshot["buffered"]
+                                   + snapshot["consumed"] + sum(snapshot["excluded"].values()))

@@ -1,0 +1,73 @@
+"""The actor: a long-running Dask task that turns prompts into groups in the buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import jax
+from distributed import Event, Queue, get_client
+
+from learner.config import ModelConfig
+from learner.sampling import Sampler
+from learner.tokenizer import CharTokenizer
+from tasks.buffer import BufferWriter, Channels
+from tasks.config import ActorsConfig, BufferConfig, EnvConfig
+from tasks.data import Prompt
+from tasks.envs import resolve_entrypoint
+from tasks.filters import resolve_filter
+from tasks.rollout import GroupRunner
+from tasks.sync import WeightSubscriber
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorSetup:
+    """Everything an actor needs, picklable to any Dask worker."""
+
+    channels: Channels
+    env: EnvConfig
+    actors: ActorsConfig
+    buffer: BufferConfig
+    model: ModelConfig
+    seed: int
+
+
+def run_actor(actor_id: int, setup: ActorSetup) -> dict:
+    """Loops prompt -> group (latest weights) -> buffer until the session stops.
+
+    The learner stops actors by setting the stop event and sending each a `None` prompt.
+    Returns the actor's timings (cleanba-style: every hop timed).
+    """
+    client = get_client()
+    channels = setup.channels
+    prompts = Queue(channels.prompts, client=client)
+    stop = Event(channels.stop, client=client)
+    weights = WeightSubscriber(channels.weights, client)
+    writer = BufferWriter(channels, client, {name: resolve_filter(name) for name in setup.buffer.filters})
+    env_class = resolve_entrypoint(setup.env.entrypoint)
+    runner = GroupRunner(
+        envs=[env_class(**setup.env.kwargs) for _ in range(setup.actors.group_size)],
+        sampler=Sampler(setup.model), tokenizer=CharTokenizer(setup.model.tokenizer),
+        env_config=setup.env, actors_config=setup.actors)
+    base_key = jax.random.PRNGKey(setup.seed)
+    stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "params_get_s": 0.0, "queue_put_s": 0.0}
+    device_params, params_version = None, None
+    while True:
+        wire = prompts.get()
+        if wire is None or stop.is_set():
+            return stats
+        prompt = Prompt.from_wire(wire)
+        start = time.perf_counter()
+        version, params = weights.latest()
+        if version != params_version:
+            device_params, params_version = jax.device_put(params), version
+        stats["params_get_s"] += time.perf_counter() - start
+        key = jax.random.fold_in(jax.random.fold_in(base_key, prompt.id), prompt.attempt)
+        start = time.perf_counter()
+        group = asyncio.run(runner.run(prompt.id, prompt.text, prompt.attempt, device_params, version, key))
+        stats["rollout_s"] += time.perf_counter() - start
+        start = time.perf_counter()
+        writer.put(group)
+        stats["queue_put_s"] += time.perf_counter() - start
+        stats["groups"] += 1

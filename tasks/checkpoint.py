@@ -1,0 +1,48 @@
+"""Checkpoints: one Orbax checkpoint per version, written atomically, the last `keep` kept.
+
+Each holds the train state (params, optimizer state, step) and a JSON record of the
+rest: version, RNG seed, the data cursor, the accounting, and the prompts that were in
+flight or buffered (a resumed run generates exactly those again).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+
+class Checkpoints:
+    def __init__(self, directory: Path, keep: int | None):
+        self.directory = directory.resolve()
+        # Synchronous saves: a version is recorded in Prefect only once it is on disk.
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                                 enable_async_checkpointing=False))
+
+    def path(self, version: int) -> Path:
+        return self.directory / str(version)
+
+    def latest_version(self) -> int | None:
+        return self._manager.latest_step()
+
+    def versions(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def save(self, version: int, state: Any, record: dict) -> Path:
+        """Writes version `version`; Orbax commits it by renaming a finished temporary dir."""
+        self._manager.save(version, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)))
+        self._manager.wait_until_finished()
+        return self.path(version)
+
+    def restore(self, version: int, abstract_state: Any) -> tuple[Any, dict]:
+        """The state (placed as `abstract_state`'s shardings say) and record of `version`."""
+        restored = self._manager.restore(version, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), record=ocp.args.JsonRestore()))
+        return restored["state"], restored["record"]
+
+    def close(self) -> None:
+        self._manager.close()

@@ -1,0 +1,68 @@
+"""Configuration of the acting side: environment, data, actors, buffer, sync, checkpoint.
+
+Frozen pydantic models; `flows.spec.Spec` composes them into the experiment spec.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+
+from learner.config import Frozen
+
+ExclusionReason = Literal["aborted", "filtered", "stale", "invalid"]
+
+
+class EnvConfig(Frozen):
+    """The environment: a built-in name or "package.module:Class", constructed as Class(**kwargs)."""
+
+    entrypoint: str = "guess-number"
+    kwargs: dict[str, Any] = {}
+    max_turns: PositiveInt = 4  # an episode still running after this many turns is aborted
+    latency_s: NonNegativeFloat = 0.0  # added before every env step (simulates slow tools)
+    episode_timeout_s: PositiveFloat = 30.0
+
+
+class DataConfig(Frozen):
+    """Where prompts come from: the environment's own `task(rng)`, or a JSONL file."""
+
+    source: str = "env"  # "env" or a path to a .jsonl file with one {"prompt": ...} per line
+
+
+class ActorsConfig(Frozen):
+    cluster: str = "local"  # "local" (a LocalCluster of processes) or a scheduler "tcp://host:8786"
+    workers: PositiveInt = 2  # Dask worker processes of the local cluster
+    actors: PositiveInt | None = None  # concurrent actors; None = one per worker
+    group_size: int = Field(8, ge=2)  # episodes per prompt (the GRPO group)
+    max_new_tokens: PositiveInt = 16  # tokens per action (one turn of the agent)
+    temperature: PositiveFloat = 1.0
+    on_sync: Literal["retract", "finish", "abort"] = "retract"
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, cluster: str) -> str:
+        if cluster != "local" and "://" not in cluster:
+            raise ValueError('must be "local" or a scheduler address such as "tcp://host:8786"')
+        return cluster
+
+    @property
+    def n_actors(self) -> int:
+        return self.actors or self.workers
+
+
+class BufferConfig(Frozen):
+    capacity: PositiveInt = 32  # groups; producers block when the buffer is full
+    max_staleness: int | None = Field(None, ge=0)  # None: the exit check is off
+    filters: tuple[str, ...] = ("zero_variance",)  # entry filters: built-in name or "module:function"
+    retry: tuple[Literal["aborted", "stale"], ...] = ("aborted", "stale")
+    max_retries: int = Field(3, ge=0)  # per prompt; after that its exclusion is final
+
+
+class SyncConfig(Frozen):
+    interval: PositiveInt = 4  # learner steps per published version
+
+
+class CheckpointConfig(Frozen):
+    dir: str | None = None  # the run directory; None: runs/<name>
+    keep: PositiveInt | None = 3  # checkpoints kept (one per version); None keeps all

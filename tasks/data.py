@@ -1,0 +1,88 @@
+"""The data source: prompts with ids, retried prompts ahead of new ones, a checkpointable cursor."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+from tasks.config import DataConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One attempt at a prompt: `id` is stable across retries, `attempt` counts them."""
+
+    id: int
+    text: str
+    attempt: int = 0
+
+    def to_wire(self) -> list:  # msgpack-encodable, for Dask queues
+        return [self.id, self.text, self.attempt]
+
+    @classmethod
+    def from_wire(cls, wire: list) -> "Prompt":
+        return cls(*wire)
+
+
+class PromptSource:
+    """Draws new prompts deterministically: prompt `i` depends only on (seed, i).
+
+    So a restored cursor replays exactly the prompts a crashed run would have drawn next.
+    """
+
+    def __init__(self, config: DataConfig, env_class: type, env_kwargs: dict, seed: int):
+        self.seed = seed
+        self.cursor = 0  # ids of new prompts drawn so far: 0 .. cursor-1
+        self._again: collections.deque[Prompt] = collections.deque()
+        if config.source == "env":
+            env = env_class(**env_kwargs)
+            self._text = lambda i: env.task(random.Random(f"{seed}:{i}"))
+        else:
+            lines = _read_jsonl(Path(config.source))
+            self._text = lambda i: lines[i % len(lines)]
+
+    def next(self) -> Prompt:
+        if self._again:
+            return self._again.popleft()
+        prompt = Prompt(self.cursor, self._text(self.cursor))
+        self.cursor += 1
+        return prompt
+
+    def again(self, prompt: Prompt) -> None:
+        """Queues `prompt` to be drawn before any new prompt (a retry or a resumed one)."""
+        self._again.append(prompt)
+
+    @property
+    def waiting(self) -> list[Prompt]:
+        return list(self._again)
+
+    def state(self) -> dict:
+        return {"cursor": self.cursor, "again": [p.to_wire() for p in self._again]}
+
+    def restore(self, state: dict) -> None:
+        self.cursor = state["cursor"]
+        self._again = collections.deque(Prompt.from_wire(w) for w in state["again"])
+
+
+def _read_jsonl(path: Path) -> list[str]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"data.source: cannot read {path}: {e.strerror}") from None
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"data.source: {path} line {n}: not JSON ({e.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+            raise ValueError(f'data.source: {path} line {n}: expected {{"prompt": "..."}}')
+        prompts.append(record["prompt"])
+    if not prompts:
+        raise ValueError(f"data.source: {path} holds no prompts")
+    return prompts

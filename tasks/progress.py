@@ -1,0 +1,59 @@
+"""Per-step metrics records and the progress lines the terminal (and Prefect UI) shows."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from learner.trajectory import Group
+from tasks.accounting import Ledger
+from tasks.buffer import BufferReader
+
+
+class StepMeter:
+    """Builds one `metrics.jsonl` record per step and logs a line every `every_s` seconds."""
+
+    def __init__(self, log, every_s: float = 2.0):
+        self.log, self.every_s = log, every_s
+        self._last_record = time.perf_counter()
+        self._last_log = 0.0
+
+    def record(self, step: int, version: int, groups: list[Group], train: dict, train_s: float,
+               reader: BufferReader, compiles: int, ledger: Ledger) -> dict:
+        now = time.perf_counter()
+        elapsed, self._last_record = now - self._last_record, now
+        rewards = np.concatenate([g.rewards for g in groups])
+        successes = [s.success for g in groups for s in g.samples if s.success is not None]
+        intake = reader.pop_stats()
+        record = {
+            "step": step,
+            "version": version,
+            "time": time.time(),
+            "reward_mean": float(rewards.mean()),
+            "learner_busy": min(1.0, train_s / elapsed) if elapsed > 0 else 1.0,
+            "train_s": train_s,
+            "buffer_depth": reader.depth,
+            "excluded": dict(ledger.excluded),
+            "compiles": compiles,
+            "padding": train["padding"],
+            "wait_s": intake.wait_s,
+            "wait_count": intake.wait_count,
+            "blocked_s": intake.blocked_s,
+            "staleness_mean": float(np.mean(intake.staleness)) if intake.staleness else 0.0,
+            "staleness_max": max(intake.staleness, default=0),
+            **{k: v for k, v in train.items() if k != "padding"},
+        }
+        if successes:
+            record["success_rate"] = float(np.mean(successes))
+        if now - self._last_log >= self.every_s:
+            self._last_log = now
+            self.log.info(_line(record))
+        return record
+
+
+def _line(r: dict) -> str:
+    success = f" success {r['success_rate']:.0%}" if "success_rate" in r else ""
+    return (f"step {r['step']} version {r['version']} | reward {r['reward_mean']:.3f}{success} | "
+            f"buffer {r['buffer_depth']} | learner busy {r['learner_busy']:.0%} | "
+            f"loss {r.get('loss', float('nan')):.4f}")

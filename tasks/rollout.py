@@ -1,0 +1,148 @@
+"""One group: `group_size` multi-turn episodes of one prompt, played in lockstep.
+
+Each turn the policy writes an action for every running episode in one batched
+generation, then all their environment steps run concurrently (a slow tool call
+does not serialise the group). Every generated token records its log-prob and the
+version of the weights that produced it; observation tokens record version -1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import math
+import time
+
+import jax
+import numpy as np
+
+from learner.sampling import Sampler
+from learner.tokenizer import BOS, CharTokenizer
+from learner.trajectory import OBSERVATION, Group, Sample
+from tasks.config import ActorsConfig, EnvConfig
+
+
+class EpisodeAborted(Exception):
+    """The group cannot be completed; its message is the reason recorded for it."""
+
+
+@dataclasses.dataclass
+class _Episode:
+    env: object
+    tokens: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    reward: float = 0.0
+    done: bool = False
+    success: bool | None = None
+    action_start: int = 0  # index of the first token of the latest action
+
+    def observe(self, ids: list[int]) -> None:
+        self.tokens += ids
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [OBSERVATION] * len(ids)
+
+
+async def _call(method, *args):
+    """Runs a sync env method in a thread, or awaits an async one."""
+    if inspect.iscoroutinefunction(method):
+        return await method(*args)
+    return await asyncio.to_thread(method, *args)
+
+
+@dataclasses.dataclass
+class GroupRunner:
+    """Plays groups with one actor's environments, sampler and configuration."""
+
+    envs: list
+    sampler: Sampler
+    tokenizer: CharTokenizer
+    env_config: EnvConfig
+    actors_config: ActorsConfig
+
+    async def run(self, prompt_id: int, prompt: str, attempt: int, params, version: int,
+                  key: jax.Array) -> Group:
+        started = time.time()
+        try:
+            episodes = await asyncio.wait_for(
+                self._play(prompt, params, version, key), self.env_config.episode_timeout_s)
+            aborted = None
+        except (asyncio.TimeoutError, TimeoutError):
+            episodes, aborted = [], f"timeout after {self.env_config.episode_timeout_s}s"
+        except EpisodeAborted as e:
+            episodes, aborted = [], str(e)
+        samples = tuple(
+            Sample(np.array(e.tokens, np.int32), np.array(e.logprobs, np.float32),
+                   np.array(e.versions, np.int32), e.reward, e.success)
+            for e in episodes)
+        return Group(prompt_id, prompt, samples, started, time.time(), attempt=attempt, aborted=aborted)
+
+    async def _play(self, prompt: str, params, version: int, key: jax.Array) -> list[_Episode]:
+        first = await asyncio.gather(*(self._env_call(env.reset, prompt) for env in self.envs))
+        episodes = [_Episode(env, [BOS], [0.0], [OBSERVATION]) for env in self.envs]
+        for episode, obs in zip(episodes, first):
+            episode.observe(self._encode(obs))
+        for _ in range(self.env_config.max_turns):
+            running = [e for e in episodes if not e.done]
+            if not running:
+                return episodes
+            key, turn_key = jax.random.split(key)
+            await self._act(running, params, version, turn_key)
+            results = await asyncio.gather(*(self._step(e) for e in running))
+            for episode, (obs, reward, done, info) in zip(running, results):
+                self._check_reward(reward)
+                episode.reward += float(reward)
+                episode.done = bool(done)
+                if "success" in info:
+                    episode.success = bool(info["success"])
+                if not done:
+                    episode.observe(self._encode(obs))
+        if any(not e.done for e in episodes):
+            raise EpisodeAborted(f"max_turns ({self.env_config.max_turns}) reached without finishing")
+        return episodes
+
+    async def _act(self, running: list[_Episode], params, version: int, key: jax.Array) -> None:
+        limit = self.sampler.max_len
+        if any(len(e.tokens) >= limit for e in running):
+            raise EpisodeAborted(f"episode longer than the context window (model.max_len={limit})")
+        # Generate in a thread so that the actor's event loop stays responsive.
+        new, logprobs = await asyncio.to_thread(
+            self.sampler.generate, params, [e.tokens for e in running],
+            max_new_tokens=self.actors_config.max_new_tokens,
+            temperature=self.actors_config.temperature, key=key)
+        for episode, ids, lps in zip(running, new, logprobs):
+            episode.action_start = len(episode.tokens)
+            episode.tokens += ids
+            episode.logprobs += lps
+            episode.versions += [version] * len(ids)
+
+    async def _step(self, episode: _Episode):
+        action = self.tokenizer.decode(episode.tokens[episode.action_start:])
+        if self.env_config.latency_s:
+            await asyncio.sleep(self.env_config.latency_s)
+        result = await self._env_call(episode.env.step, action)
+        if not (isinstance(result, tuple) and len(result) == 4):
+            raise EpisodeAborted(f"env.step must return (obs, reward, done, info), got {result!r:.100}")
+        return result
+
+    async def _env_call(self, method, *args):
+        try:
+            return await _call(method, *args)
+        except EpisodeAborted:
+            raise
+        except Exception as e:  # an environment's failure aborts the group, never the actor
+            raise EpisodeAborted(f"env error: {type(e).__name__}: {e}") from e
+
+    def _encode(self, obs) -> list[int]:
+        if not isinstance(obs, str):
+            raise EpisodeAborted(f"observation must be text, got {type(obs).__name__}")
+        try:
+            return self.tokenizer.encode(obs)
+        except ValueError as e:
+            raise EpisodeAborted(f"observation {obs!r:.60}: {e}") from None
+
+    @staticmethod
+    def _check_reward(reward) -> None:
+        if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise EpisodeAborted(f"reward must be a finite number, got {reward!r}")

@@ -1,0 +1,127 @@
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from learner.config import LossConfig
+from learner.losses import group_advantages, policy_loss, token_entropy, token_logprobs
+
+CONFIG = LossConfig(clip_low=0.2, clip_high=0.28)
+
+# Two rows of four tokens. Row 0 packs two sequences, row 1 one sequence and padding.
+RATIO = np.array([[1.5, 0.5, 1.0, 3.0], [1.0, 0.5, 1.2, 1.0]], np.float32)
+ADVANTAGES = np.array([[1.0, 1.0, -2.0, -2.0], [-1.0, -1.0, -1.0, 0.0]], np.float32)
+LOSS_MASK = np.array([[1, 1, 1, 0], [0, 1, 1, 0]], np.float32)
+SEGMENT_IDS = np.array([[1, 1, 2, 2], [1, 1, 1, 0]], np.int32)
+BEHAVIOUR = np.full((2, 4), -1.3, np.float32)
+LOGPROBS = BEHAVIOUR + np.log(RATIO)
+# Per-token objective on the masked tokens, by hand: 1.5 clipped to 1.28 (high side),
+# 0.5 * 1 unclipped, 1.0 * -2, 0.5 clipped to 0.8 times -1 (low side), 1.2 * -1.
+OBJECTIVES = [1.28, 0.5, -2.0, -0.8, -1.2]
+
+
+def _run(jitted, fn, *args, **kwargs):
+    fn = functools.partial(fn, **kwargs)
+    return (jax.jit(fn) if jitted else fn)(*args)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_group_advantages_normalised(jitted):
+    rewards = jnp.array([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0], [3.0, 0.0, 0.0, 1.0]])
+    got = _run(jitted, group_advantages, rewards, normalize_std=True)
+    std = np.sqrt(np.mean((np.array([3.0, 0, 0, 1]) - 1.0) ** 2))
+    want = [[1.0, -1.0, -1.0, 1.0], [0.0, 0.0, 0.0, 0.0], np.array([2.0, -1.0, -1.0, 0.0]) / std]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_group_advantages_centred_only(jitted):
+    rewards = jnp.array([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
+    got = _run(jitted, group_advantages, rewards, normalize_std=False)
+    np.testing.assert_allclose(got, [[0.5, -0.5, -0.5, 0.5], [0.0] * 4], atol=1e-7)
+
+
+def test_group_advantages_keeps_numpy_off_the_accelerator():
+    got = group_advantages(np.array([[1.0, 3.0]]), normalize_std=True)
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_allclose(got, [[-1.0, 1.0]], atol=1e-5)
+
+
+def test_group_advantages_rejects_flat_rewards():
+    with pytest.raises(ValueError, match="groups, group_size"):
+        group_advantages(np.zeros(4), normalize_std=True)
+
+
+def _reference_objective(logprobs, behaviour, advantages, config):
+    ratio = np.exp(logprobs - behaviour)
+    clipped = np.clip(ratio, 1 - config.clip_low, 1 + config.clip_high)
+    return np.minimum(ratio * advantages, clipped * advantages)
+
+
+def test_reference_objective_matches_hand_computation():
+    objective = _reference_objective(LOGPROBS, BEHAVIOUR, ADVANTAGES, CONFIG)
+    np.testing.assert_allclose(objective[LOSS_MASK > 0], OBJECTIVES, rtol=1e-5)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_policy_loss_token_mean(jitted):
+    args = (LOGPROBS, BEHAVIOUR, ADVANTAGES, LOSS_MASK, SEGMENT_IDS)
+    loss, metrics = _run(jitted, policy_loss, *args, config=CONFIG)
+    np.testing.assert_allclose(loss, -np.mean(OBJECTIVES), rtol=1e-5)
+    np.testing.assert_allclose(metrics["clip_fraction"], 2 / 5, rtol=1e-6)
+    np.testing.assert_allclose(metrics["ratio_mean"], (1.5 + 0.5 + 1.0 + 0.5 + 1.2) / 5, rtol=1e-5)
+    np.testing.assert_allclose(metrics["approx_kl"], -np.log([1.5, 0.5, 1.0, 0.5, 1.2]).mean(), rtol=1e-5)
+    np.testing.assert_allclose(metrics["ratio_max"], 1.5, rtol=1e-5)  # the masked 3.0 is excluded
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_policy_loss_sequence_mean(jitted):
+    config = CONFIG.model_copy(update={"aggregation": "sequence-mean"})
+    args = (LOGPROBS, BEHAVIOUR, ADVANTAGES, LOSS_MASK, SEGMENT_IDS)
+    loss, _ = _run(jitted, policy_loss, *args, config=config)
+    per_sequence = [np.mean(OBJECTIVES[:2]), OBJECTIVES[2], np.mean(OBJECTIVES[3:])]
+    np.testing.assert_allclose(loss, -np.mean(per_sequence), rtol=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "sequence-mean"])
+def test_policy_loss_ignores_unmasked_tokens(aggregation):
+    config = CONFIG.model_copy(update={"aggregation": aggregation})
+    loss, _ = policy_loss(LOGPROBS, BEHAVIOUR, ADVANTAGES, LOSS_MASK, SEGMENT_IDS, config)
+    noisy = np.where(LOSS_MASK > 0, LOGPROBS, 50.0)  # huge ratios where the mask is 0
+    noisy_advantages = np.where(LOSS_MASK > 0, ADVANTAGES, -7.0)
+    loss2, _ = policy_loss(noisy, BEHAVIOUR, noisy_advantages, LOSS_MASK, SEGMENT_IDS, config)
+    np.testing.assert_allclose(loss, loss2, rtol=1e-6)
+
+
+def test_policy_loss_gradient_flows_only_through_unclipped_masked_tokens():
+    def loss_fn(logprobs):
+        return policy_loss(logprobs, BEHAVIOUR, ADVANTAGES, LOSS_MASK, SEGMENT_IDS, CONFIG)[0]
+
+    grad = np.asarray(jax.grad(loss_fn)(jnp.asarray(LOGPROBS)))
+    # d/dlogp of -(ratio * A) / 5 where unclipped; 0 where clipped or masked.
+    want = np.zeros((2, 4), np.float32)
+    want[0, 1], want[0, 2], want[1, 2] = -0.5 * 1.0 / 5, -1.0 * -2.0 / 5, -1.2 * -1.0 / 5
+    np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-7)
+
+
+def test_policy_loss_with_no_trained_tokens_is_zero():
+    loss, metrics = policy_loss(LOGPROBS, BEHAVIOUR, ADVANTAGES, np.zeros_like(LOSS_MASK), SEGMENT_IDS, CONFIG)
+    assert float(loss) == 0.0 and all(np.isfinite(float(v)) for v in metrics.values())
+
+
+def test_policy_loss_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="one shape"):
+        policy_loss(LOGPROBS, BEHAVIOUR[:, :3], ADVANTAGES, LOSS_MASK, SEGMENT_IDS, CONFIG)
+
+
+def test_token_logprobs_and_entropy_match_numpy():
+    logits = np.random.default_rng(0).normal(size=(2, 3, 5)).astype(np.float32)
+    targets = np.array([[0, 4, 2], [1, 1, 3]], np.int32)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    want = np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(token_logprobs(jnp.asarray(logits), jnp.asarray(targets)), want, rtol=1e-5)
+    np.testing.assert_allclose(token_entropy(jnp.asarray(logits)), -(np.exp(logp) * logp).sum(-1), rtol=1e-5)
+    with pytest.raises(ValueError, match="targets"):
+        token_logprobs(jnp.asarray(logits), jnp.asarray(targets[:, :2]))
