@@ -38,13 +38,16 @@ def _parser() -> argparse.ArgumentParser:
                              metavar="PATH=VALUE", help="override a field; VALUE is parsed as YAML")
     resume = commands.add_parser("resume", help="continue a run from its latest checkpoint")
     resume.add_argument("run_dir", type=Path)
+    resume.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                        help="override a field of the run's spec (e.g. learner.steps=400 to extend it)")
     return parser
 
 
 def _spec(args: argparse.Namespace) -> Spec:
     if args.command == "resume":
         # The run directory is where the spec was found, wherever the run was started from.
-        return load_spec(args.run_dir / "spec.yaml", [f"checkpoint.dir={args.run_dir.resolve()}"])
+        return load_spec(args.run_dir / "spec.yaml",
+                         [*args.overrides, f"checkpoint.dir={args.run_dir.resolve()}"])
     return load_spec(args.spec, args.overrides)
 
 

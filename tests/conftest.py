@@ -3,3 +3,56 @@
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """A real Prefect server (SQLite, loopback) for the whole session; its API URL."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.server import start_local_server
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    url, process = start_local_server(free_port(), home=home)
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def dask_cluster():
+    """A Dask LocalCluster of two worker processes for the session; its scheduler address."""
+    from distributed import LocalCluster
+
+    from tasks.cluster import ACTOR_ENV
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None, env=ACTOR_ENV) as cluster:
+        yield cluster.scheduler_address
+
+
+def tandem(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """Runs the installed `tandem` console script."""
+    command = [str(Path(sys.executable).parent / "tandem"), *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, **kwargs)

@@ -1,0 +1,85 @@
+"""The floor for the cost of decoupling: sampling and training in one process, no Dask or Prefect.
+
+Same model, same GRPO batch, same environment code as `tandem run`; prints the success
+curve and the wall time to the target. Usage:
+
+    python benchmarks/single_process.py specs/guess-number.yaml [--set path=value ...] [--target 0.9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import jax
+import numpy as np
+
+from flows.spec import load_spec
+from learner.batching import make_batch
+from learner.losses import group_advantages
+from learner.sampling import Sampler
+from learner.sharding import make_mesh
+from learner.tokenizer import CharTokenizer
+from learner.train import TrainStep, init_train_state, params_numpy
+from tasks.data import PromptSource
+from tasks.envs import resolve_entrypoint
+from tasks.filters import resolve_filter
+from tasks.rollout import GroupRunner
+
+
+async def collect(runner, source, filters, n, params, version, key, seed):
+    """`n` groups that pass the entry checks, generated concurrently as actors would."""
+    groups = []
+    while len(groups) < n:
+        prompts = [source.next() for _ in range(n - len(groups))]
+        keys = [jax.random.fold_in(jax.random.fold_in(key, p.id), p.attempt) for p in prompts]
+        made = [await runner.run(p.id, p.text, p.attempt, params, version, k) for p, k in zip(prompts, keys)]
+        groups += [g for g in made if not g.aborted and all(f(g) for f in filters)]
+    return groups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("spec")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--window", type=int, default=5, help="steps averaged for the target")
+    args = parser.parse_args()
+    spec = load_spec(args.spec, args.overrides)
+    env_class = resolve_entrypoint(spec.env.entrypoint)
+    runner = GroupRunner([env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)],
+                         Sampler(spec.model), CharTokenizer(spec.model.tokenizer), spec.env, spec.actors)
+    source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
+    filters = [resolve_filter(f) for f in spec.buffer.filters]
+    mesh = make_mesh(spec.learner.mesh)
+    state = init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh)
+    train_step = TrainStep(spec.model, spec.learner, mesh)
+    key, version = jax.random.PRNGKey(spec.seed), 0
+    params = jax.device_put(params_numpy(state))
+    start, curve = time.perf_counter(), []
+    for step in range(1, spec.learner.steps + 1):
+        groups = asyncio.run(collect(runner, source, filters, spec.learner.batch_groups, params, version, key, spec.seed))
+        rewards = np.stack([g.rewards for g in groups])
+        adv = np.asarray(group_advantages(rewards, normalize_std=spec.learner.loss.normalize_std)).reshape(-1)
+        batch = make_batch([s for g in groups for s in g.samples], adv.tolist(), spec.learner.buckets,
+                           spec.learner.batch_groups * spec.actors.group_size)
+        state, metrics = train_step(state, batch)
+        success = float(np.mean([s.success for g in groups for s in g.samples if s.success is not None]))
+        curve.append({"step": step, "time": time.perf_counter() - start, "success": success,
+                      "entropy": metrics["entropy"]})
+        if step % spec.sync.interval == 0:
+            version += 1
+            params = jax.device_put(params_numpy(state))
+        recent = np.mean([c["success"] for c in curve[-args.window:]])
+        if step % 10 == 0:
+            print(f"step {step} t={curve[-1]['time']:.1f}s success(last {args.window}) {recent:.2f} entropy {metrics['entropy']:.2f}", flush=True)
+        if len(curve) >= args.window and recent >= args.target:
+            print(json.dumps({"target": args.target, "step": step, "seconds": curve[-1]["time"]}))
+            return
+    print(json.dumps({"target": args.target, "step": None, "seconds": None}))
+
+
+if __name__ == "__main__":
+    main()

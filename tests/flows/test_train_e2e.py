@@ -1,0 +1,85 @@
+"""End to end: the `tandem` CLI, a real Prefect server, a real Dask LocalCluster."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+
+from tasks.accounting import balanced
+from tests.conftest import ROOT, tandem
+
+pytestmark = pytest.mark.e2e
+
+TINY = ["--set", "learner.batch_groups=4", "--set", "buffer.capacity=8", "--set", "sync.interval=4"]
+
+
+def run_dir_records(run_dir):
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    accounting = json.loads((run_dir / "accounting.json").read_text())
+    return metrics, accounting
+
+
+def test_run_trains_checkpoints_and_reports_to_prefect(prefect_api, tmp_path):
+    run_dir = tmp_path / "run"
+    result = tandem("run", "specs/guess-number.yaml", *TINY, "--set", "learner.steps=12",
+                    "--set", f"checkpoint.dir={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Prefect UI: http://127.0.0.1:" in result.stdout
+
+    versions = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert versions == [1, 2, 3]
+    metrics, accounting = run_dir_records(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, 13))
+    assert [m["version"] for m in metrics] == [0] * 4 + [1] * 4 + [2] * 4
+    for field in ("reward_mean", "learner_busy", "buffer_depth", "excluded", "compiles", "padding",
+                  "time", "success_rate"):
+        assert field in metrics[-1]
+    assert metrics[-1]["compiles"] == 1
+    assert balanced(accounting) and accounting["consumed"] == 12 * 4
+    assert (run_dir / "spec.yaml").exists()
+
+    with get_client(sync_client=True) as client:
+        flow_run = next(r for r in client.read_flow_runs() if r.parameters["spec"]["checkpoint"]["dir"] == str(run_dir))
+        assert flow_run.state.is_completed()
+        task_names = {t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))}
+        assert any(n.startswith("learner") for n in task_names)
+        assert {"version-1", "version-2", "version-3"} <= task_names
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["model-versions"])))
+        rows = [json.loads(a.data) if isinstance(a.data, str) else a.data for a in artifacts]
+        assert any([r["version"] for r in table] == [1, 2, 3] and [r["step"] for r in table] == [4, 8, 12]
+                   for table in rows)
+
+
+def test_killed_run_resumes_from_its_last_version(prefect_api, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [str(os.path.join(os.path.dirname(sys.executable), "tandem")), "run", "specs/guess-number.yaml",
+               *TINY, "--set", "learner.steps=400", "--set", f"checkpoint.dir={run_dir}"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "2").exists() and time.monotonic() < deadline:
+        assert process.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)  # the CLI, its Dask cluster, everything
+    process.wait()
+
+    checkpoints = run_dir / "checkpoints"
+    last = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    target = (last + 2) * 4
+    result = tandem("resume", str(run_dir), "--set", f"learner.steps={target}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"step {last * 4}, version {last}" in result.stdout + result.stderr
+
+    metrics, accounting = run_dir_records(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, target + 1))  # replaced, not duplicated
+    assert metrics[-1]["version"] == last + 1
+    assert max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == last + 2
+    # Groups consumed after the last checkpoint were lost with the crash and drawn again:
+    # the resumed run's accounting counts exactly one batch per step.
+    assert balanced(accounting) and accounting["consumed"] == target * 4
