@@ -57,6 +57,7 @@ class Group:
     finished_at: float
     attempt: int = 0  # 0 for the first generation of the prompt, +1 per retry
     aborted: str | None = None
+    arrival_version: int | None = None  # version published when the group entered the buffer
 
     @property
     def rewards(self) -> np.ndarray:
@@ -74,3 +75,8 @@ class Group:
     def staleness(self, current_version: int) -> int:
         """current version − oldest version, computed when the learner takes the group."""
         return current_version - self.oldest_version
+
+    def staleness_parts(self, current_version: int) -> tuple[int, int]:
+        """Staleness split into (gained in flight, gained in the queue)."""
+        arrival = self.oldest_version if self.arrival_version is None else self.arrival_version
+        return arrival - self.oldest_version, current_version - arrival

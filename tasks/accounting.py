@@ -50,6 +50,11 @@ class Ledger:
             self.excluded[reason] += 1
             return entry[0]
 
+    def requeued(self) -> None:
+        """An excluded attempt's prompt went back to the data source."""
+        with self._lock:
+            self.retried += 1
+
     def open_prompts(self) -> list[Prompt]:
         """Prompts in flight or buffered: what a resumed run must generate again."""
         with self._lock:
@@ -84,6 +89,12 @@ class Ledger:
 
 
 def balanced(snapshot: dict) -> bool:
-    """The accounting invariant of DESIGN.md."""
-    return snapshot["started"] == (snapshot["in_flight"] + snapshot["buffered"]
-                                   + snapshot["consumed"] + sum(snapshot["excluded"].values()))
+    """The accounting invariants: over attempts (DESIGN.md) and, where the snapshot has
+    them, over prompts (each drawn prompt is in exactly one place)."""
+    excluded = sum(snapshot["excluded"].values())
+    attempts = snapshot["in_flight"] + snapshot["buffered"] + snapshot["consumed"] + excluded
+    if snapshot["started"] != attempts:
+        return False
+    if "prompts" not in snapshot:
+        return True
+    return snapshot["prompts"] == attempts - snapshot["retried"] + snapshot["waiting"]

@@ -12,7 +12,7 @@ from distributed import Event, Queue, get_client
 from learner.config import ModelConfig
 from learner.sampling import Sampler
 from learner.tokenizer import CharTokenizer
-from tasks.buffer import BufferWriter, Channels
+from tasks.buffer import BufferWriter, Channels, EntryChecks
 from tasks.config import ActorsConfig, BufferConfig, EnvConfig
 from tasks.data import Prompt
 from tasks.envs import resolve_entrypoint
@@ -41,10 +41,13 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
     """
     client = get_client()
     channels = setup.channels
-    prompts = Queue(channels.prompts, client=client)
+    prompts = Queue(channels.prompts(actor_id), client=client)
     stop = Event(channels.stop, client=client)
     weights = WeightSubscriber(channels.weights, client)
-    writer = BufferWriter(channels, client, {name: resolve_filter(name) for name in setup.buffer.filters})
+    checks = EntryChecks({name: resolve_filter(name) for name in setup.buffer.filters},
+                         vocab_size=setup.model.vocab_size, max_len=setup.model.max_len)
+    writer = BufferWriter(actor_id, channels, client, checks)
+    writer.hello()
     env_class = resolve_entrypoint(setup.env.entrypoint)
     runner = GroupRunner(
         envs=[env_class(**setup.env.kwargs) for _ in range(setup.actors.group_size)],
@@ -68,6 +71,6 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
         group = asyncio.run(runner.run(prompt.id, prompt.text, prompt.attempt, device_params, version, key))
         stats["rollout_s"] += time.perf_counter() - start
         start = time.perf_counter()
-        writer.put(group)
+        writer.put(dataclasses.replace(group, arrival_version=weights.version()))
         stats["queue_put_s"] += time.perf_counter() - start
         stats["groups"] += 1

@@ -2,9 +2,9 @@
 
 Writing and reading are separate objects. Actors write (`BufferWriter`): entry checks,
 then a blocking put (backpressure) of a future whose data stays on the actor's worker.
-The learner reads (`BufferReader`): a background thread drains actor reports into the
-ledger and prefetches groups, so the queue's round trips overlap the train step;
-`take` applies the exit check (staleness, computed at take time) in FIFO order.
+The learner reads (`BufferReader`): a background thread applies actors' reports and
+dispatches prompts (`IntakeRules`), and prefetches groups so the queue's round trips
+overlap the train step; `take` applies the exit check in FIFO order.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import time
 from distributed import Client, Queue, get_worker
 
 from learner.trajectory import Group
-from tasks.accounting import Ledger
-from tasks.config import BufferConfig
-from tasks.data import Prompt, PromptSource
 from tasks.filters import Filter
+from tasks.intake import IntakeRules
+from tasks.validation import invalid_reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +35,8 @@ class Channels:
     def buffer(self) -> str:
         return self._name("buffer")
 
-    @property
-    def prompts(self) -> str:
-        return self._name("prompts")
+    def prompts(self, actor: int) -> str:
+        return self._name(f"prompts-{actor}")
 
     @property
     def reports(self) -> str:
@@ -53,19 +51,35 @@ class Channels:
         return self._name("stop")
 
 
+@dataclasses.dataclass(frozen=True)
+class EntryChecks:
+    """What a group must pass to enter the buffer, besides not being aborted."""
+
+    filters: dict[str, Filter]
+    vocab_size: int
+    max_len: int
+
+
 class BufferWriter:
     """An actor's end of the buffer."""
 
-    def __init__(self, channels: Channels, client: Client, filters: dict[str, Filter]):
-        self._client, self._filters = client, filters
+    def __init__(self, actor: int, channels: Channels, client: Client, checks: EntryChecks):
+        self._actor, self._client, self._checks = actor, client, checks
         self._queue = Queue(channels.buffer, client=client)
         self._reports = Queue(channels.reports, client=client)
+
+    def hello(self) -> None:
+        """Tells the learner this actor (re)started: what a restarted actor held is lost."""
+        self._reports.put({"event": "hello", "actor": self._actor})
 
     def put(self, group: Group) -> float:
         """Puts `group` unless an entry check excludes it; returns the seconds blocked on a full buffer."""
         if group.aborted:
             return self._report(group, "excluded", reason="aborted", detail=group.aborted)
-        for name, keep in self._filters.items():
+        invalid = invalid_reason(group, vocab_size=self._checks.vocab_size, max_len=self._checks.max_len)
+        if invalid:
+            return self._report(group, "excluded", reason="invalid", detail=invalid)
+        for name, keep in self._checks.filters.items():
             if not keep(group):
                 return self._report(group, "excluded", reason="filtered", detail=name)
         future = self._client.scatter(group, workers=[get_worker().address], hash=False)
@@ -78,7 +92,8 @@ class BufferWriter:
         return blocked
 
     def _report(self, group: Group, event: str, **fields) -> float:
-        self._reports.put({"event": event, "id": group.prompt_id, "attempt": group.attempt, **fields})
+        self._reports.put({"event": event, "actor": self._actor, "id": group.prompt_id,
+                           "attempt": group.attempt, **fields})
         return 0.0
 
 
@@ -90,20 +105,21 @@ class IntakeStats:
     wait_count: int = 0
     blocked_s: float = 0.0  # producer time blocked on a full buffer
     staleness: list[int] = dataclasses.field(default_factory=list)  # of consumed groups
+    in_flight: list[int] = dataclasses.field(default_factory=list)  # ... gained while generated
+    in_queue: list[int] = dataclasses.field(default_factory=list)  # ... gained while buffered
 
 
 class BufferReader:
-    """The learner's end: prefetch, actor reports, exit checks, retries, accounting."""
+    """The learner's end: prefetch, actor reports, dispatch, exit checks."""
 
-    def __init__(self, channels: Channels, client: Client, config: BufferConfig,
-                 ledger: Ledger, source: PromptSource, *, prefetch: int, outstanding: int,
-                 check=lambda: None, log=print):
-        self.config, self.ledger, self.source, self.log = config, ledger, source, log
-        self._queue = Queue(channels.buffer, client=client, maxsize=config.capacity)
-        self._prompts = Queue(channels.prompts, client=client)
+    def __init__(self, channels: Channels, client: Client, rules: IntakeRules, *, capacity: int,
+                 prefetch: int, check=lambda: None):
+        self.rules, self.version = rules, 0  # `version`: the learner's, for admission control
+        self._client, self._channels = client, channels
+        self._queue = Queue(channels.buffer, client=client, maxsize=capacity)
         self._reports = Queue(channels.reports, client=client)
-        self._prefetch, self._outstanding = prefetch, outstanding
-        self._check = check  # raises if the producers failed; called while the learner waits
+        self._prompts = [Queue(channels.prompts(a), client=client) for a in range(len(rules.held))]
+        self._prefetch, self._check = prefetch, check  # check raises if the producers failed
         self._local: collections.deque[Group] = collections.deque()
         self._ready = threading.Condition()
         self._stats = IntakeStats()
@@ -120,11 +136,19 @@ class BufferReader:
         self._closed.set()
         self._thread.join(timeout=10)
 
+    def stop_actors(self) -> None:
+        for queue in self._prompts:
+            queue.put(None)
+
     def drain(self) -> int:
         """Empties the Dask queue (so blocked producers return); returns the groups dropped.
 
         They stay "buffered" in the accounting: a checkpoint lists them to be redone."""
         return len(self._queue.get(batch=True))
+
+    def release(self) -> None:
+        for queue in (self._queue, self._reports, *self._prompts):
+            queue.close()
 
     @property
     def depth(self) -> int:
@@ -132,18 +156,17 @@ class BufferReader:
         return self._queued + len(self._local)
 
     def take(self, n: int, version: int) -> list[Group]:
-        """The next `n` groups in arrival order that pass the staleness check at `version`."""
+        """The next `n` groups in arrival order that pass the exit check at `version`."""
         taken: list[Group] = []
         while len(taken) < n:
             group = self._next_local()
-            staleness = group.staleness(version)
-            limit = self.config.max_staleness
-            if limit is not None and staleness > limit:
-                self._exclude(group.prompt_id, group.attempt, "stale")
-                continue
-            self.ledger.consume(group.prompt_id, group.attempt)
-            self._stats.staleness.append(staleness)
-            taken.append(group)
+            staleness = self.rules.on_take(group, version)
+            if staleness is not None:
+                in_flight, in_queue = group.staleness_parts(version)
+                self._stats.staleness.append(staleness)
+                self._stats.in_flight.append(in_flight)
+                self._stats.in_queue.append(in_queue)
+                taken.append(group)
         return taken
 
     def pop_stats(self) -> IntakeStats:
@@ -161,47 +184,22 @@ class BufferReader:
                     self._check()
                     self._ready.wait(timeout=0.5)
                 self._stats.wait_s += time.perf_counter() - start
-            group = self._local.popleft()
-            self._ready.notify_all()
-            return group
-
-    def _exclude(self, prompt_id: int, attempt: int, reason: str) -> None:
-        prompt = self.ledger.exclude(prompt_id, attempt, reason)
-        if prompt is None or reason not in self.config.retry or prompt.attempt >= self.config.max_retries:
-            return
-        self.source.again(Prompt(prompt.id, prompt.text, prompt.attempt + 1))
-        self.ledger.retried += 1
+            return self._local.popleft()
 
     def _run(self) -> None:
         try:
             while not self._closed.is_set():
-                self._drain_reports()
-                self._dispatch()
+                for report in self._reports.get(batch=True):
+                    self._stats.blocked_s += report.get("blocked_s", 0.0)
+                    self.rules.on_report(report)
+                for actor, prompt in self.rules.dispatch(self.version):
+                    self._prompts[actor].put(prompt.to_wire())
                 self._fetch()
         except BaseException as e:  # surfaced to the learner by `take`
             if not self._closed.is_set():
                 self._error = e
                 with self._ready:
                     self._ready.notify_all()
-
-    def _drain_reports(self) -> None:
-        for report in self._reports.get(batch=True):
-            if report["event"] == "buffered":
-                self.ledger.buffered(report["id"], report["attempt"])
-                self._stats.blocked_s += report["blocked_s"]
-            else:
-                if report["reason"] != "filtered":
-                    self.log(f"excluded prompt {report['id']} attempt {report['attempt']} "
-                             f"({report['reason']}): {report['detail']}")
-                self._exclude(report["id"], report["attempt"], report["reason"])
-
-    def _dispatch(self) -> None:
-        """Keeps enough prompts out that actors never idle, and no more (bounded asynchrony)."""
-        snap = self.ledger.snapshot()
-        for _ in range(self._outstanding - snap["in_flight"] - snap["buffered"]):
-            prompt = self.source.next()
-            self.ledger.dispatched(prompt)
-            self._prompts.put(prompt.to_wire())
 
     def _fetch(self) -> None:
         self._queued = self._queue.qsize()

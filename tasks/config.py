@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+from pydantic import (Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator,
+                      model_validator)
 
 from learner.config import Frozen
-
-ExclusionReason = Literal["aborted", "filtered", "stale", "invalid"]
-
 
 class EnvConfig(Frozen):
     """The environment: a built-in name or "package.module:Class", constructed as Class(**kwargs)."""
@@ -57,6 +55,15 @@ class BufferConfig(Frozen):
     filters: tuple[str, ...] = ("zero_variance",)  # entry filters: built-in name or "module:function"
     retry: tuple[Literal["aborted", "stale"], ...] = ("aborted", "stale")
     max_retries: int = Field(3, ge=0)  # per prompt; after that its exclusion is final
+    # AReaL-style admission control: start no group that would be taken with a staleness
+    # above max_staleness (needs max_staleness).
+    admission: bool = False
+
+    @model_validator(mode="after")
+    def _admission_needs_budget(self) -> "BufferConfig":
+        if self.admission and self.max_staleness is None:
+            raise ValueError("buffer.admission: needs buffer.max_staleness (the staleness budget)")
+        return self
 
 
 class SyncConfig(Frozen):

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import jax
 import numpy as np
-from distributed import Client, Event, Queue
+from distributed import Client, Event
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -33,6 +33,7 @@ from tasks.config import (ActorsConfig, BufferConfig, CheckpointConfig, DataConf
                           SyncConfig)
 from tasks.data import Prompt, PromptSource
 from tasks.envs import resolve_entrypoint
+from tasks.intake import IntakeRules, Pace
 from tasks.metrics import MetricsLog, write_json_atomic
 from tasks.progress import StepMeter
 from tasks.records import record_version
@@ -74,6 +75,10 @@ class Session:
         self.ledger = Ledger()
         env_class = resolve_entrypoint(spec.env.entrypoint)
         self.source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
+        pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
+                    outstanding=spec.buffer.capacity + spec.actors.n_actors + spec.learner.batch_groups)
+        self.rules = IntakeRules(spec.buffer, self.ledger, self.source, pace, spec.actors.n_actors,
+                                 log=log.warning)
         self.mesh = make_mesh(spec.learner.mesh)
         self.train_step = TrainStep(spec.model, spec.learner, self.mesh)
         self.version_rows: list[dict] = []
@@ -84,14 +89,15 @@ class Session:
         publisher.publish(version, params_numpy(state))
         actors: list = []
         reader = self._reader(check=lambda: _raise_if_stopped(actors))
+        reader.version = version
         actors += self._start_actors()
         try:
             state, version = self._train(state, version, reader, publisher)
         finally:
             self._stop(actors, reader)
-            write_json_atomic(self.run_dir / "accounting.json", self.ledger.snapshot())
+            write_json_atomic(self.run_dir / "accounting.json", self.rules.accounting())
             self.checkpoints.close()
-        return {"step": int(state.step), "version": version, "accounting": self.ledger.snapshot()}
+        return {"step": int(state.step), "version": version, "accounting": self.rules.accounting()}
 
     def _restore_or_init(self):
         latest = self.checkpoints.latest_version()
@@ -111,11 +117,8 @@ class Session:
         return state, latest
 
     def _reader(self, check) -> BufferReader:
-        spec = self.spec
-        outstanding = spec.buffer.capacity + spec.actors.n_actors + spec.learner.batch_groups
-        return BufferReader(self.channels, self.client, spec.buffer, self.ledger, self.source,
-                            prefetch=spec.learner.batch_groups, outstanding=outstanding,
-                            check=check, log=self.log.warning).start()
+        return BufferReader(self.channels, self.client, self.rules, capacity=self.spec.buffer.capacity,
+                            prefetch=self.spec.learner.batch_groups, check=check).start()
 
     def _start_actors(self) -> list:
         spec = self.spec
@@ -128,9 +131,7 @@ class Session:
         """Stops the actors: no new groups, blocked puts released, queues closed."""
         Event(self.channels.stop, client=self.client).set()
         reader.close()
-        prompts = Queue(self.channels.prompts, client=self.client)
-        for _ in actors:
-            prompts.put(None)
+        reader.stop_actors()
         deadline = time.monotonic() + timeout_s
         while any(not f.done() for f in actors) and time.monotonic() < deadline:
             reader.drain()
@@ -141,8 +142,7 @@ class Session:
                 self.log.info(f"actor {stats['actor']}: {stats['groups']} groups, rollout "
                               f"{stats['rollout_s']:.1f}s, buffer put {stats['queue_put_s']:.1f}s")
         self.client.cancel(actors)
-        for name in (self.channels.buffer, self.channels.prompts, self.channels.reports):
-            Queue(name, client=self.client).close()
+        reader.release()
 
     def _train(self, state, version: int, reader: BufferReader, publisher: WeightPublisher):
         spec = self.spec
@@ -159,6 +159,7 @@ class Session:
             self.metrics.append(record)
             if step % spec.sync.interval == 0:
                 version += 1
+                reader.version = version
                 publisher.publish(version, params_numpy(state))
                 self._checkpoint(state, step, version, record)
         return state, version
@@ -181,7 +182,7 @@ class Session:
                   "redo": [p.to_wire() for p in self.ledger.open_prompts()],
                   "versions": self.version_rows}
         path = self.checkpoints.save(version, state, record)
-        write_json_atomic(self.run_dir / "accounting.json", self.ledger.snapshot())
+        write_json_atomic(self.run_dir / "accounting.json", self.rules.accounting())
         record_version(run_name=self.spec.name, spec_path=self.run_dir / "spec.yaml",
                        checkpoint=path, parent=parent, version=version, step=step,
                        metrics={"reward_mean": metrics["reward_mean"]}, rows=self.version_rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import time
 
 import numpy as np
@@ -40,8 +41,13 @@ class StepMeter:
             "wait_s": intake.wait_s,
             "wait_count": intake.wait_count,
             "blocked_s": intake.blocked_s,
-            "staleness_mean": float(np.mean(intake.staleness)) if intake.staleness else 0.0,
+            "staleness_mean": _mean(intake.staleness),
             "staleness_max": max(intake.staleness, default=0),
+            "staleness_hist": _histogram(intake.staleness),
+            "staleness_in_flight_mean": _mean(intake.in_flight),
+            "staleness_in_queue_mean": _mean(intake.in_queue),
+            "retried": ledger.retried,
+            "prompt_ids": [g.prompt_id for g in groups],
             **{k: v for k, v in train.items() if k != "padding"},
         }
         if successes:
@@ -57,3 +63,13 @@ def _line(r: dict) -> str:
     return (f"step {r['step']} version {r['version']} | reward {r['reward_mean']:.3f}{success} | "
             f"buffer {r['buffer_depth']} | learner busy {r['learner_busy']:.0%} | "
             f"loss {r.get('loss', float('nan')):.4f}")
+
+
+def _mean(values: list[int]) -> float:
+    return float(np.mean(values)) if values else 0.0
+
+
+def _histogram(values: list[int]) -> dict[str, int]:
+    """Counts by staleness; string keys, as JSON needs."""
+    counts = collections.Counter(values)
+    return {str(k): counts[k] for k in sorted(counts)}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import math
 import time
 
 import jax
@@ -144,5 +143,6 @@ class GroupRunner:
 
     @staticmethod
     def _check_reward(reward) -> None:
-        if not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise EpisodeAborted(f"reward must be a finite number, got {reward!r}")
+        # A non-finite number is recorded and excluded as `invalid` at the buffer's entry.
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise EpisodeAborted(f"env error: reward must be a number, got {reward!r:.60}")

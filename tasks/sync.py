@@ -17,18 +17,21 @@ class WeightPublisher:
     def __init__(self, name: str, client: Client):
         self._client = client
         self._variable = Variable(name, client=client)
+        self._version = Variable(f"{name}-version", client=client)
         self._future = None
 
     def publish(self, version: int, params: Any) -> None:
         # In a list: scatter would make a future per entry of a bare dict.
         [future] = self._client.scatter([{"version": version, "params": params}], hash=False)
         self._variable.set(future)
+        self._version.set(version)  # after the params: a reader never sees a version early
         self._future = future  # the previous version is released once replaced
 
 
 class WeightSubscriber:
     def __init__(self, name: str, client: Client):
         self._variable = Variable(name, client=client)
+        self._version = Variable(f"{name}-version", client=client)
         self._key = None
         self._latest: dict | None = None
 
@@ -38,3 +41,7 @@ class WeightSubscriber:
         if future.key != self._key:
             self._latest, self._key = future.result(), future.key
         return self._latest["version"], self._latest["params"]
+
+    def version(self) -> int:
+        """The version last published, without fetching its params."""
+        return self._version.get()

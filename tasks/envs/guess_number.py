@@ -1,9 +1,9 @@
 """Guess-number: find a hidden letter in a few guesses from higher/lower hints.
 
 The agent must use what earlier turns returned: each hint halves what is left, so a
-policy that ignores them does no better than chance, while binary search always wins.
-With 16 letters and 5 guesses a uniformly random guesser succeeds 1 - (15/16)^5 = 27.6%
-of the time. Observations are one character, to keep episodes (and training) short:
+policy that ignores them does no better than chance, while binary search always wins
+(4 guesses find one of up to 15 letters). With 12 letters and 4 guesses a uniformly
+random guesser succeeds 1 - (11/12)^4 = 29.4% of the time. Observations are one character, to keep episodes (and training) short:
 
     ":"  first observation (make a guess)
     ">"  the letter is later in the alphabet      "<"  it is earlier
@@ -17,7 +17,7 @@ import string
 
 
 class GuessNumber:
-    def __init__(self, values: int = 16, max_guesses: int = 5):
+    def __init__(self, values: int = 12, max_guesses: int = 4):
         if not 2 <= values <= 26:
             raise ValueError(f"values must be in 2..26, got {values}")
         if max_guesses < 1:

@@ -33,10 +33,10 @@ def test_episode_ends_after_max_guesses():
 
 
 def test_binary_search_always_wins():
-    env = GuessNumber(values=16, max_guesses=5)
-    for secret in "abcdefghijklmnop":
+    env = GuessNumber()
+    for secret in env.letters:
         env.reset(f"secret={secret}")
-        lo, hi = 0, 15
+        lo, hi = 0, len(env.letters) - 1
         while True:
             mid = (lo + hi) // 2
             obs, reward, done, _ = env.step(env.letters[mid])
@@ -47,9 +47,9 @@ def test_binary_search_always_wins():
 
 
 def test_uniformly_random_guesser_wins_at_most_30_percent():
-    env, rng = GuessNumber(values=16, max_guesses=5), random.Random(0)
-    wins = sum(play(env, env.task(rng), [rng.choice(env.letters) for _ in range(5)])[1] for _ in range(20_000))
-    assert abs(wins / 20_000 - (1 - (15 / 16) ** 5)) < 0.01
+    env, rng = GuessNumber(), random.Random(0)  # the defaults, as in specs/guess-number.yaml
+    wins = sum(play(env, env.task(rng), [rng.choice(env.letters) for _ in range(4)])[1] for _ in range(20_000))
+    assert abs(wins / 20_000 - (1 - (11 / 12) ** 4)) < 0.01
     assert wins / 20_000 <= 0.30
 
 

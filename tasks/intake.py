@@ -1,0 +1,140 @@
+"""The buffer's rules, apart from any transport: what to dispatch to which actor, what the
+actors' reports mean, and which groups the learner may take.
+
+Pure Python and deterministic, so the rules can be driven through random interleavings
+in tests; `tasks.buffer.BufferReader` moves the messages over Dask.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import threading
+
+from learner.trajectory import Group
+from tasks.accounting import Ledger
+from tasks.config import BufferConfig
+from tasks.data import Prompt, PromptSource
+
+
+
+def _locked(method):
+    """The learner's thread takes groups while the intake thread applies reports."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """How fast data is consumed: what admission control needs to bound staleness."""
+
+    batch_groups: int  # groups per learner step
+    sync_interval: int  # learner steps per version
+    outstanding: int  # most attempts in flight or buffered at once (bounded asynchrony)
+
+
+class IntakeRules:
+    """Dispatch, reports and the exit check of one learner session."""
+
+    def __init__(self, config: BufferConfig, ledger: Ledger, source: PromptSource, pace: Pace,
+                 n_actors: int, log=print):
+        self.config, self.ledger, self.source, self.pace, self.log = config, ledger, source, pace, log
+        # Attempts each actor holds, in the order dispatched to it (its queue is FIFO).
+        self.held: list[collections.deque[tuple[int, int]]] = [collections.deque() for _ in range(n_actors)]
+        self._hellos = [0] * n_actors
+        self._logged: collections.Counter[str] = collections.Counter()
+        self._lock = threading.RLock()
+
+    @_locked
+    def accounting(self) -> dict:
+        """The ledger's attempt counts plus where every prompt drawn so far is.
+
+        prompts = in_flight + buffered + consumed + Σ excluded − retried + waiting, where a
+        retried attempt's prompt is counted again by its next attempt (or as waiting).
+        """
+        return {**self.ledger.snapshot(), "prompts": self.source.cursor,
+                "waiting": len(self.source.waiting)}
+
+    def admissible(self, version: int) -> int:
+        """How many new attempts may start now.
+
+        Bounded by `pace.outstanding`; with `buffer.admission`, also by the staleness budget
+        (AReaL): an attempt started at version v is taken, in FIFO order, at about version
+        (consumed + open) / (batch_groups × sync_interval); it must not exceed v + max_staleness.
+        """
+        snap = self.ledger.snapshot()
+        open_ = snap["in_flight"] + snap["buffered"]
+        room = self.pace.outstanding - open_
+        if self.config.admission:
+            per_version = self.pace.batch_groups * self.pace.sync_interval
+            budget = (version + self.config.max_staleness + 1) * per_version
+            room = min(room, budget - snap["consumed"] - open_)
+        return max(0, room)
+
+    @_locked
+    def dispatch(self, version: int) -> list[tuple[int, Prompt]]:
+        """(actor, prompt) pairs to send now, each to the actor holding the fewest."""
+        out = []
+        for _ in range(self.admissible(version)):
+            prompt = self.source.next()
+            actor = min(range(len(self.held)), key=lambda a: len(self.held[a]))
+            self.held[actor].append((prompt.id, prompt.attempt))
+            self.ledger.dispatched(prompt)
+            out.append((actor, prompt))
+        return out
+
+    @_locked
+    def on_report(self, report: dict) -> None:
+        """An actor's report: hello (it started), buffered, or excluded at entry."""
+        event, actor = report["event"], report["actor"]
+        if event == "hello":
+            self._hellos[actor] += 1
+            if self._hellos[actor] > 1 and self.held[actor]:
+                # A restarted actor lost the attempt it was working on: the oldest it held.
+                prompt_id, attempt = self.held[actor].popleft()
+                self.log(f"actor {actor} restarted; prompt {prompt_id} attempt {attempt} is lost")
+                self.exclude(prompt_id, attempt, "lost")
+            return
+        key = (report["id"], report["attempt"])
+        if key in self.held[actor]:
+            self.held[actor].remove(key)
+        if event == "buffered":
+            self.ledger.buffered(*key)
+        else:
+            self._log_exclusion(key, report["reason"], report["detail"])
+            self.exclude(*key, report["reason"])
+
+    def _log_exclusion(self, key: tuple[int, int], reason: str, detail: str, first: int = 3) -> None:
+        """Logs the first few exclusions of each reason in detail; metrics count them all."""
+        if reason == "filtered" or self._logged[reason] > first:
+            return
+        self._logged[reason] += 1
+        more = "; further ones are only counted" if self._logged[reason] > first else ""
+        self.log(f"excluded prompt {key[0]} attempt {key[1]} ({reason}): {detail}{more}")
+
+    @_locked
+    def on_take(self, group: Group, version: int) -> int | None:
+        """The exit check: the group's staleness if it is consumed, None if excluded as stale."""
+        staleness = group.staleness(version)
+        limit = self.config.max_staleness
+        if limit is not None and staleness > limit:
+            self.exclude(group.prompt_id, group.attempt, "stale")
+            return None
+        self.ledger.consume(group.prompt_id, group.attempt)
+        return staleness
+
+    @_locked
+    def exclude(self, prompt_id: int, attempt: int, reason: str) -> None:
+        """Closes an attempt; retryable reasons send its prompt back, ahead of new ones."""
+        prompt = self.ledger.exclude(prompt_id, attempt, reason)
+        retry = reason == "lost" or reason in self.config.retry
+        if prompt is None or not retry or prompt.attempt >= self.config.max_retries:
+            return
+        self.source.again(Prompt(prompt.id, prompt.text, prompt.attempt + 1))
+        self.ledger.requeued()

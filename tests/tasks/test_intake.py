@@ -1,0 +1,150 @@
+"""The buffer's rules: seed 004's worked examples, and the accounting under any interleaving."""
+
+import collections
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from learner.trajectory import OBSERVATION, Group, Sample
+from tasks.accounting import Ledger, balanced
+from tasks.config import BufferConfig, DataConfig
+from tasks.data import Prompt, PromptSource
+from tasks.envs.guess_number import GuessNumber
+from tasks.intake import IntakeRules, Pace
+
+
+def sample(*versions, reward=0.0):
+    """A sample whose generated tokens were made at `versions` (after one observation token)."""
+    v = np.array([OBSERVATION, *versions], np.int32)
+    return Sample(np.ones(len(v), np.int32), np.zeros(len(v), np.float32), v, reward)
+
+
+def group(prompt_id, *samples, attempt=0, arrival=None):
+    return Group(prompt_id, f"secret=a", tuple(samples), 0.0, 0.0, attempt=attempt, arrival_version=arrival)
+
+
+def rules(n_actors=1, outstanding=100, **buffer):
+    source = PromptSource(DataConfig(), GuessNumber, {}, seed=0)
+    pace = Pace(batch_groups=2, sync_interval=1, outstanding=outstanding)
+    return IntakeRules(BufferConfig(**buffer), Ledger(), source, pace, n_actors, log=lambda _: None)
+
+
+# Seed 004's examples.
+
+def test_group_made_at_v3_taken_while_v3_deployed_has_staleness_0():
+    # Sync every 3 steps: step 9 published v3; at step 11 the learner still has v3 deployed.
+    sync_interval, step = 3, 11
+    current_version = step // sync_interval
+    g = group(0, sample(3, 3, 3), sample(3, 3))
+    assert current_version == 3 and g.staleness(current_version) == 0
+
+
+def test_group_started_v3_continued_v4_taken_at_v5_has_staleness_2():
+    g = group(0, sample(3, 3, 4, 4), sample(4, 4), arrival=4)
+    assert g.oldest_version == 3
+    assert g.staleness(5) == 2
+    assert g.staleness_parts(5) == (1, 1)  # one version in flight, one in the queue
+
+
+def test_one_old_sample_makes_the_group_old():
+    assert group(0, sample(4, 4), sample(2, 4)).oldest_version == 2
+
+
+def test_exit_check_excludes_b_and_consumes_c():
+    r = rules(max_staleness=1, retry=())
+    for actor, prompt in r.dispatch(version=5)[:2]:
+        r.on_report({"event": "buffered", "actor": actor, "id": prompt.id, "attempt": 0})
+    b, c = group(0, sample(3)), group(1, sample(4))
+    assert r.on_take(b, version=5) is None  # 5 - 3 = 2 > 1
+    assert r.on_take(c, version=5) == 1
+    acc = r.accounting()
+    assert acc["excluded"] == {"stale": 1} and acc["consumed"] == 1 and balanced(acc)
+
+
+def test_stale_prompt_is_retried_ahead_of_new_ones_and_filtered_never():
+    r = rules(max_staleness=0, outstanding=3)
+    (_, p0), (_, p1), (_, p2) = r.dispatch(version=0)
+    r.on_report({"event": "excluded", "actor": 0, "id": p1.id, "attempt": 0, "reason": "filtered", "detail": ""})
+    r.on_take(group(p0.id, sample(0)), version=1)  # stale: retried
+    next_prompts = [p for _, p in r.dispatch(version=1)]
+    assert next_prompts[0] == Prompt(p0.id, p0.text, attempt=1)
+    assert p1.id not in [p.id for p in next_prompts]
+    assert balanced(r.accounting())
+
+
+def test_retries_stop_at_max_retries():
+    r = rules(max_staleness=0, outstanding=1, max_retries=1)
+    for attempt in range(2):
+        [(_, p)] = r.dispatch(version=attempt)
+        assert (p.id, p.attempt) == (0, attempt)
+        r.on_take(group(0, sample(attempt), attempt=attempt), version=attempt + 1)
+    [(_, p)] = r.dispatch(version=2)
+    assert p.id == 1 and r.accounting()["excluded"] == {"stale": 2}
+
+
+def test_admission_control_bounds_the_staleness_of_started_groups():
+    # 2 groups a step, 1 step a version, budget 1: at version 0 at most (0+1+1)*2 = 4 may start.
+    r = rules(outstanding=100, max_staleness=1, admission=True)
+    assert len(r.dispatch(version=0)) == 4
+    assert r.dispatch(version=0) == []
+    assert len(r.dispatch(version=1)) == 2
+
+
+def test_restarted_actor_loses_only_the_prompt_it_was_working_on():
+    r = rules(n_actors=1, outstanding=3)
+    r.on_report({"event": "hello", "actor": 0})
+    (_, p0), (_, p1), (_, p2) = r.dispatch(version=0)
+    r.on_report({"event": "buffered", "actor": 0, "id": p0.id, "attempt": 0})
+    r.on_report({"event": "hello", "actor": 0})  # it died working on p1
+    acc = r.accounting()
+    assert acc["excluded"] == {"lost": 1} and acc["in_flight"] == 1 and acc["waiting"] == 1
+    assert r.dispatch(version=0)[0][1] == Prompt(p1.id, p1.text, attempt=1)
+
+
+# The accounting invariant under random interleavings of everything that can happen.
+
+OPS = st.lists(st.tuples(
+    st.sampled_from(["dispatch", "finish", "deliver", "take", "bump", "crash"]),
+    st.integers(0, 2),
+    st.sampled_from(["buffered", "buffered", "aborted", "filtered", "invalid"]),
+), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, max_staleness=st.none() | st.integers(0, 2), admission=st.booleans(),
+       retry=st.sampled_from([(), ("aborted",), ("aborted", "stale")]))
+def test_accounting_balances_after_every_event(ops, max_staleness, admission, retry):
+    admission = admission and max_staleness is not None
+    r = rules(n_actors=3, outstanding=6, max_staleness=max_staleness, admission=admission,
+              retry=retry, max_retries=2)
+    version = 0
+    held = [collections.deque() for _ in range(3)]  # what each simulated actor holds
+    buffer, reports = collections.deque(), collections.deque()  # reports: one FIFO, as on Dask
+    for actor in range(3):
+        reports.append({"event": "hello", "actor": actor})
+    for op, actor, outcome in ops:
+        if op == "dispatch":
+            for a, prompt in r.dispatch(version):
+                held[a].append((prompt, version))
+        elif op == "finish" and held[actor]:
+            prompt, started = held[actor].popleft()
+            report = {"actor": actor, "id": prompt.id, "attempt": prompt.attempt}
+            if outcome == "buffered":
+                buffer.append(group(prompt.id, sample(started, version), attempt=prompt.attempt))
+                reports.append({**report, "event": "buffered"})
+            else:
+                reports.append({**report, "event": "excluded", "reason": outcome, "detail": ""})
+        elif op == "deliver" and reports:
+            r.on_report(reports.popleft())
+        elif op == "take" and buffer:
+            r.on_take(buffer.popleft(), version)
+        elif op == "bump":
+            version += 1
+        elif op == "crash":
+            if held[actor]:
+                held[actor].popleft()  # the attempt it was generating dies with it
+            reports.append({"event": "hello", "actor": actor})
+        acc = r.accounting()
+        assert balanced(acc), (op, acc)
+        assert acc["in_flight"] + acc["buffered"] <= 6
