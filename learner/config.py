@@ -21,10 +21,18 @@ class Frozen(BaseModel):
 
 
 class TokenizerConfig(Frozen):
-    """A character tokenizer over a declared alphabet (ids 0..2 are pad, bos, eos)."""
+    """Text <-> token ids: a character tokenizer over a declared alphabet (ids 0..2 are
+    pad, bos, eos), or a Hugging Face `tokenizer.json` with its chat template."""
 
-    kind: Literal["char"] = "char"
-    alphabet: str = PRINTABLE_ASCII
+    kind: Literal["char", "hf"] = "char"
+    alphabet: str = PRINTABLE_ASCII  # kind "char" only
+    path: str | None = None  # kind "hf": the checkpoint directory holding tokenizer.json
+
+    @model_validator(mode="after")
+    def _hf_needs_path(self) -> "TokenizerConfig":
+        if self.kind == "hf" and self.path is None:
+            raise ValueError("path: a tokenizer of kind 'hf' needs the directory of its tokenizer.json")
+        return self
 
     @field_validator("alphabet")
     @classmethod
@@ -40,7 +48,7 @@ class TokenizerConfig(Frozen):
 class ModelConfig(Frozen):
     """A decoder-only transformer of the Llama/Qwen2 family."""
 
-    init: str = "random"  # "random" or a path to a Hugging Face checkpoint (issue 5)
+    init: str = "random"  # "random" or a Hugging Face checkpoint directory (sizes then come from it)
     d_model: PositiveInt = 64
     n_layers: PositiveInt = 2
     n_heads: PositiveInt = 4
@@ -50,8 +58,21 @@ class ModelConfig(Frozen):
     rope_theta: float = Field(10_000.0, gt=0)
     norm_eps: float = Field(1e-6, gt=0)
     tie_embeddings: bool = True
+    qkv_bias: bool = False  # Qwen2 adds biases to the query, key and value projections
+    vocab: PositiveInt | None = None  # embedding rows; None: the char tokenizer's vocabulary
     dtype: Literal["float32", "bfloat16"] = "float32"
     tokenizer: TokenizerConfig = TokenizerConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpoint_sizes(cls, data):
+        """With `init` a checkpoint directory, sizes default to those in its config.json
+        and the tokenizer to its tokenizer.json; sizes given explicitly must agree."""
+        if not isinstance(data, dict) or data.get("init", "random") == "random":
+            return data
+        from learner.hf import checkpoint_fields  # here: learner.hf -> learner.model -> this module
+
+        return checkpoint_fields(data["init"], given=data)
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
@@ -67,7 +88,7 @@ class ModelConfig(Frozen):
 
     @property
     def vocab_size(self) -> int:
-        return 3 + len(self.tokenizer.alphabet)
+        return self.vocab if self.vocab is not None else 3 + len(self.tokenizer.alphabet)
 
 
 class OptimizerConfig(Frozen):

@@ -7,13 +7,15 @@ sees exactly what it would see alone in a row.
 
 Outside this module the parameters are a pure nested dict (`init_params`) and the
 model is the pure function `forward_fn(config)`, which jits, differentiates and
-shards like any JAX function.
+shards like any JAX function. Generation uses `extend_fn(config)`, the same model
+over a fixed-size key/value cache (`init_cache`): a prompt is prefilled in one call
+and each further token costs one position, not the whole window.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,17 @@ from learner.config import ModelConfig
 
 Params = dict[str, Any]
 Forward = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+class LayerCache(NamedTuple):
+    """One layer's keys and values, [B, S, n_kv_heads, head_dim]; slot s holds position s."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+KVCache = tuple[LayerCache, ...]
+Extend = Callable[[Params, jax.Array, jax.Array, KVCache, jax.Array], tuple[jax.Array, KVCache]]
 
 # Llama's initialiser: small embeddings make a freshly initialised policy nearly
 # uniform over the vocabulary, which RL from scratch needs to explore.
@@ -71,9 +84,15 @@ def attention_mask(segment_ids_bl: jax.Array) -> jax.Array:
     return (causal & same_segment & not_padding)[:, None]
 
 
-def _dense(in_features: int, out_features: int, config: ModelConfig, rngs: nnx.Rngs) -> nnx.Linear:
+def cache_mask(positions_bt: jax.Array, cache_len: int) -> jax.Array:
+    """bool [B, 1, T, S]: the query at position p sees cache slots 0..p."""
+    return (jnp.arange(cache_len)[None, None, :] <= positions_bt[:, :, None])[:, None]
+
+
+def _dense(in_features: int, out_features: int, config: ModelConfig, rngs: nnx.Rngs,
+           *, use_bias: bool = False) -> nnx.Linear:
     return nnx.Linear(
-        in_features, out_features, use_bias=False, dtype=config.dtype, param_dtype=jnp.float32, rngs=rngs
+        in_features, out_features, use_bias=use_bias, dtype=config.dtype, param_dtype=jnp.float32, rngs=rngs
     )
 
 
@@ -82,22 +101,41 @@ class Attention(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         d, hd = config.d_model, config.head_dim
-        self.q = _dense(d, config.n_heads * hd, config, rngs)
-        self.k = _dense(d, config.n_kv_heads * hd, config, rngs)
-        self.v = _dense(d, config.n_kv_heads * hd, config, rngs)
+        # Qwen2 has biases on the query, key and value projections; Llama has none.
+        self.q = _dense(d, config.n_heads * hd, config, rngs, use_bias=config.qkv_bias)
+        self.k = _dense(d, config.n_kv_heads * hd, config, rngs, use_bias=config.qkv_bias)
+        self.v = _dense(d, config.n_kv_heads * hd, config, rngs, use_bias=config.qkv_bias)
         self.o = _dense(config.n_heads * hd, d, config, rngs)
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
         self.rope_theta = config.rope_theta
 
-    def __call__(self, x_bld: jax.Array, positions_bl: jax.Array, mask_b1ll: jax.Array) -> jax.Array:
+    def _qkv(self, x_bld: jax.Array, positions_bl: jax.Array):
         b, l, _ = x_bld.shape
         q = self.q(x_bld).reshape(b, l, self.n_heads, self.head_dim)
         k = self.k(x_bld).reshape(b, l, self.n_kv_heads, self.head_dim)
         v = self.v(x_bld).reshape(b, l, self.n_kv_heads, self.head_dim)
-        q = apply_rope(q, positions_bl, self.rope_theta)
-        k = apply_rope(k, positions_bl, self.rope_theta)
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask_b1ll)  # [B, L, H, D]
-        return self.o(out.reshape(b, l, self.n_heads * self.head_dim))
+        return apply_rope(q, positions_bl, self.rope_theta), apply_rope(k, positions_bl, self.rope_theta), v
+
+    def _out(self, q, k, v, mask) -> jax.Array:
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask)  # [B, L, H, D]
+        return self.o(out.reshape(*q.shape[:2], self.n_heads * self.head_dim))
+
+    def __call__(self, x_bld: jax.Array, positions_bl: jax.Array, mask_b1ll: jax.Array) -> jax.Array:
+        return self._out(*self._qkv(x_bld, positions_bl), mask_b1ll)
+
+    def extend(self, x_btd: jax.Array, positions_bt: jax.Array, cache: LayerCache) -> tuple[jax.Array, LayerCache]:
+        """Attends new tokens to the cache after writing their keys and values at their positions.
+
+        Slots past a row's last real token may hold stale or padding entries: they are
+        never read, since a query only sees slots up to its own position, and a later
+        token overwrites its slot before reading it. Positions >= S are dropped.
+        """
+        q, k, v = self._qkv(x_btd, positions_bt)
+        rows = jnp.arange(x_btd.shape[0])[:, None]
+        cache = LayerCache(cache.k.at[rows, positions_bt].set(k.astype(cache.k.dtype), mode="drop"),
+                           cache.v.at[rows, positions_bt].set(v.astype(cache.v.dtype), mode="drop"))
+        mask = cache_mask(positions_bt, cache.k.shape[1])
+        return self._out(q, cache.k.astype(q.dtype), cache.v.astype(q.dtype), mask), cache
 
 
 class MLP(nnx.Module):
@@ -125,6 +163,11 @@ class Block(nnx.Module):
         x_bld = x_bld + self.attn(self.attn_norm(x_bld), positions_bl, mask_b1ll)
         return x_bld + self.mlp(self.mlp_norm(x_bld))
 
+    def extend(self, x_btd: jax.Array, positions_bt: jax.Array, cache: LayerCache) -> tuple[jax.Array, LayerCache]:
+        attended, cache = self.attn.extend(self.attn_norm(x_btd), positions_bt, cache)
+        x_btd = x_btd + attended
+        return x_btd + self.mlp(self.mlp_norm(x_btd)), cache
+
 
 class Transformer(nnx.Module):
     """Decoder-only language model over packed rows of token ids."""
@@ -149,6 +192,24 @@ class Transformer(nnx.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, positions, mask)
+        return self._logits(x)
+
+    def extend(self, tokens: jax.Array, positions: jax.Array, cache: KVCache,
+               last: jax.Array) -> tuple[jax.Array, KVCache]:
+        """Next-token logits after `tokens` [B, T] (float32 [B, vocab], read at index `last` [B]).
+
+        Only one position per row reaches the output head, so a long prefill never
+        materialises [B, T, vocab] logits.
+        """
+        x = self.embed(tokens)
+        new_cache = []
+        for block, layer_cache in zip(self.blocks, cache):
+            x, layer_cache = block.extend(x, positions, layer_cache)
+            new_cache.append(layer_cache)
+        x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)
+        return self._logits(x_last)[:, 0], tuple(new_cache)
+
+    def _logits(self, x: jax.Array) -> jax.Array:
         x = self.final_norm(x)
         logits = self.embed.attend(x) if self.lm_head is None else self.lm_head(x)
         return logits.astype(jnp.float32)
@@ -177,3 +238,32 @@ def forward_fn(config: ModelConfig) -> Forward:
 
 def _forward(graphdef: nnx.GraphDef, params: Params, tokens, positions, segment_ids) -> jax.Array:
     return nnx.merge(graphdef, params)(tokens, positions, segment_ids)
+
+
+@functools.cache
+def extend_fn(config: ModelConfig) -> Extend:
+    """The model over a KV cache: `(params, tokens, positions, cache, last) -> (logits, cache)`.
+
+    Args (of the returned function):
+      params: as for `forward_fn`.
+      tokens: int32 [B, T] new tokens (T = a padded prompt for a prefill, 1 for a decode step).
+      positions: int32 [B, T] their positions, which are also their cache slots.
+      cache: the `KVCache` holding every earlier position of each row.
+      last: int32 [B] index in [0, T) of the token whose next-token logits are returned.
+
+    Returns:
+      (float32 [B, vocab] next-token logits, the updated cache).
+    """
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+    return functools.partial(_extend, graphdef)
+
+
+def _extend(graphdef: nnx.GraphDef, params: Params, tokens, positions, cache, last):
+    return nnx.merge(graphdef, params).extend(tokens, positions, cache, last)
+
+
+def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
+    """An empty cache of `length` slots per row, in the model's compute dtype."""
+    shape = (batch, length, config.n_kv_heads, config.head_dim)
+    return tuple(LayerCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
+                 for _ in range(config.n_layers))

@@ -1,0 +1,140 @@
+"""Local Hugging Face checkpoints (Llama, Qwen2) as Tandem model configs and parameters.
+
+A checkpoint directory holds `config.json`, one or more `*.safetensors` files and
+usually `tokenizer.json`. Nothing is ever downloaded. HF stores a linear layer's
+weight as [out, in] and Flax as [in, out], so every projection is transposed; the
+rotary layout (rotate_half over the two halves of a head) is the same in both.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+
+from learner.model import Params, init_params
+
+if TYPE_CHECKING:
+    from learner.config import ModelConfig
+
+SUPPORTED = ("llama", "qwen2")
+
+
+def read_config(path: str | pathlib.Path) -> dict[str, Any]:
+    """The checkpoint's config.json, after checking it is an architecture Tandem implements.
+
+    Raises:
+      ValueError: no config.json, or a model type or feature the Flax model lacks.
+    """
+    file = pathlib.Path(path) / "config.json"
+    if not file.is_file():
+        raise ValueError(f"init: {path} is neither 'random' nor a checkpoint directory with a config.json")
+    hf = json.loads(file.read_text())
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    unsupported = {
+        "model_type": hf.get("model_type") not in SUPPORTED,
+        "hidden_act": hf.get("hidden_act", "silu") != "silu",
+        "head_dim": hf.get("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
+        != hf["hidden_size"] // hf["num_attention_heads"],
+        "rope_type": rope.get("rope_type", rope.get("type", "default")) != "default",
+        "mlp_bias": bool(hf.get("mlp_bias")),
+        "use_sliding_window": bool(hf.get("use_sliding_window")),
+    }
+    bad = [f"{key}={hf.get(key, rope.get(key))!r}" for key, is_bad in unsupported.items() if is_bad]
+    if bad:
+        raise ValueError(f"init: checkpoint {path} is not a plain {' or '.join(SUPPORTED)} model ({', '.join(bad)})")
+    return hf
+
+
+def checkpoint_fields(path: str, given: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig fields for a checkpoint: its sizes, overlaid with the ones `given`.
+
+    Args:
+      path: the checkpoint directory (`model.init`).
+      given: the fields the spec sets; sizes among them must equal the checkpoint's.
+
+    Returns:
+      `given` with the architecture fields filled in and, when the directory has a
+      tokenizer.json and no tokenizer is given, an "hf" tokenizer over it.
+    """
+    hf = read_config(path)
+    rope = hf.get("rope_parameters") or {}
+    sizes = {
+        "d_model": hf["hidden_size"],
+        "n_layers": hf["num_hidden_layers"],
+        "n_heads": hf["num_attention_heads"],
+        "n_kv_heads": hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        "d_ff": hf["intermediate_size"],
+        "vocab": hf["vocab_size"],
+        "rope_theta": rope.get("rope_theta", hf.get("rope_theta", 10_000.0)),
+        "norm_eps": hf.get("rms_norm_eps", 1e-6),
+        "tie_embeddings": hf.get("tie_word_embeddings", False),
+        "qkv_bias": hf["model_type"] == "qwen2" or bool(hf.get("attention_bias")),
+    }
+    for name, value in sizes.items():
+        if name in given and given[name] != value:
+            raise ValueError(f"{name}: {given[name]!r} disagrees with the checkpoint's {value!r} ({path})")
+    fields = {**given, **sizes}
+    if "tokenizer" not in given and (pathlib.Path(path) / "tokenizer.json").is_file():
+        fields["tokenizer"] = {"kind": "hf", "path": path}
+    return fields
+
+
+def load_params(config: ModelConfig) -> Params:
+    """The checkpoint at `config.init` as float32 NumPy params with `init_params`' structure.
+
+    Raises:
+      ValueError: a weight is missing or has the wrong shape for `config`.
+    """
+    weights = _read_safetensors(pathlib.Path(config.init))
+    params = {
+        "embed": {"embedding": weights.pop("model.embed_tokens.weight")},
+        "final_norm": {"scale": weights.pop("model.norm.weight")},
+        "blocks": {i: _block(weights, f"model.layers.{i}.", config.qkv_bias) for i in range(config.n_layers)},
+    }
+    if not config.tie_embeddings:
+        params["lm_head"] = {"kernel": weights.pop("lm_head.weight").T}
+    _check_shapes(params, config)
+    return params
+
+
+def _block(weights: dict[str, np.ndarray], prefix: str, qkv_bias: bool) -> dict[str, Any]:
+    def linear(name: str, bias: bool = False) -> dict[str, np.ndarray]:
+        layer = {"kernel": weights.pop(f"{prefix}{name}.weight").T}
+        if bias:
+            layer["bias"] = weights.pop(f"{prefix}{name}.bias")
+        return layer
+
+    return {
+        "attn_norm": {"scale": weights.pop(f"{prefix}input_layernorm.weight")},
+        "attn": {n: linear(f"self_attn.{n}_proj", qkv_bias) for n in "qkv"} | {"o": linear("self_attn.o_proj")},
+        "mlp_norm": {"scale": weights.pop(f"{prefix}post_attention_layernorm.weight")},
+        "mlp": {n: linear(f"mlp.{n}_proj") for n in ("gate", "up", "down")},
+    }
+
+
+def _read_safetensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"init: no *.safetensors files in {directory}")
+    weights = {}
+    for file in files:
+        # The flax framework reads bfloat16, which NumPy alone cannot.
+        with safe_open(file, framework="flax") as f:
+            weights |= {name: np.asarray(f.get_tensor(name).astype(jnp.float32)) for name in f.keys()}
+    return weights
+
+
+def _check_shapes(params: Params, config: ModelConfig) -> None:
+    expected = jax.eval_shape(lambda: init_params(config, 0))
+    want = {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(expected)}
+    got = {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    wrong = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+    if wrong:
+        raise ValueError(f"checkpoint {config.init} does not fit the model at {wrong[:5]}: "
+                         f"expected {[want.get(k) for k in wrong[:5]]}, got {[got.get(k) for k in wrong[:5]]}")

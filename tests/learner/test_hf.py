@@ -1,0 +1,63 @@
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from learner.config import ModelConfig
+from learner.hf import load_params
+from learner.model import forward_fn
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+SIZES = dict(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5)
+
+
+def _save_tiny(tmp_path, config_class, model_class, **extra):
+    """A randomly initialised HF model saved to tmp_path; every weight (norms, biases) perturbed."""
+    torch.manual_seed(0)
+    model = model_class(config_class(**SIZES, **extra)).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            # Scales and biases start at one and zero in HF: randomise them so a mapping
+            # mistake (a missed transpose, a dropped bias) shows in the logits.
+            weight.copy_((1.0 if "norm" in name else 0.0) + 0.2 * torch.randn_like(weight))
+    model.save_pretrained(tmp_path)
+    return model
+
+
+def _hf_logits(model, tokens):
+    with torch.no_grad():
+        return model(torch.tensor(tokens)).logits.numpy()
+
+
+@pytest.mark.parametrize("kind, tie", [("llama", False), ("llama", True), ("qwen2", False)])
+def test_flax_logits_match_transformers(tmp_path, kind, tie):
+    classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[kind]
+    model = _save_tiny(tmp_path, *classes, tie_word_embeddings=tie, rope_theta=5_000.0)
+    config = ModelConfig(init=str(tmp_path), max_len=32)
+    assert (config.d_model, config.n_kv_heads, config.vocab_size) == (32, 2, 40)
+    assert config.qkv_bias == (kind == "qwen2") and config.tie_embeddings == tie and config.rope_theta == 5_000.0
+    tokens = np.random.default_rng(0).integers(0, 40, size=(2, 12))
+    positions = np.broadcast_to(np.arange(12), (2, 12))
+    logits = jax.jit(forward_fn(config))(load_params(config), tokens, positions, np.ones((2, 12), np.int32))
+    expected = _hf_logits(model, tokens)
+    assert np.abs(expected).max() > 1  # the comparison is not between two near-zero arrays
+    np.testing.assert_allclose(logits, expected, atol=1e-4)
+
+
+def test_spec_sizes_must_agree_with_the_checkpoint(tmp_path):
+    _save_tiny(tmp_path, transformers.LlamaConfig, transformers.LlamaForCausalLM)
+    with pytest.raises(ValueError, match="d_model"):
+        ModelConfig(init=str(tmp_path), d_model=64)
+    with pytest.raises(ValueError, match="config.json"):
+        ModelConfig(init=str(tmp_path / "missing"))
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "hidden_size": 8, "num_attention_heads": 2}))
+    with pytest.raises(ValueError, match="model_type"):
+        ModelConfig(init=str(tmp_path))
