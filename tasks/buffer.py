@@ -14,7 +14,7 @@ import dataclasses
 import threading
 import time
 
-from distributed import Client, Queue, get_worker
+from distributed import Client, Event, Queue, get_worker
 
 from learner.trajectory import Group
 from tasks.filters import Filter
@@ -88,7 +88,7 @@ class BufferWriter:
         start = time.perf_counter()
         self._queue.put(future)
         blocked = time.perf_counter() - start
-        self._report(group, "buffered", blocked_s=blocked)
+        self._report(group, "buffered", blocked_s=blocked, key=future.key)
         return blocked
 
     def _report(self, group: Group, event: str, **fields) -> float:
@@ -120,6 +120,7 @@ class BufferReader:
         self._reports = Queue(channels.reports, client=client)
         self._prompts = [Queue(channels.prompts(a), client=client) for a in range(len(rules.held))]
         self._prefetch, self._check = prefetch, check  # check raises if the producers failed
+        self._fetch_timeout_s = 60.0
         self._local: collections.deque[Group] = collections.deque()
         self._ready = threading.Condition()
         self._stats = IntakeStats()
@@ -135,10 +136,6 @@ class BufferReader:
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=10)
-
-    def stop_actors(self) -> None:
-        for queue in self._prompts:
-            queue.put(None)
 
     def drain(self) -> int:
         """Empties the Dask queue (so blocked producers return); returns the groups dropped.
@@ -206,7 +203,22 @@ class BufferReader:
         if len(self._local) >= self._prefetch or not self._queued:
             time.sleep(0.005)
             return
-        group = self._queue.get().result()  # the only consumer: a non-empty queue does not block
+        future = self._queue.get()  # the only consumer: a non-empty queue does not block
+        try:
+            if future.status == "lost":  # its worker died: the data is gone
+                raise LookupError(future.key)
+            group = future.result(timeout=self._fetch_timeout_s)
+        except (LookupError, TimeoutError):
+            self.rules.on_fetch(future.key, lost=True)
+            return
+        self.rules.on_fetch(future.key, lost=False)
         with self._ready:
             self._local.append(group)
             self._ready.notify_all()
+
+
+def release_actors(client: Client, channels: Channels, n_actors: int) -> None:
+    """Tells a session's actors to stop: the stop event, and a `None` prompt to each."""
+    Event(channels.stop, client=client).set()
+    for actor in range(n_actors):
+        Queue(channels.prompts(actor), client=client).put(None)

@@ -49,6 +49,10 @@ class IntakeRules:
         self.held: list[collections.deque[tuple[int, int]]] = [collections.deque() for _ in range(n_actors)]
         self._hellos = [0] * n_actors
         self._logged: collections.Counter[str] = collections.Counter()
+        # Buffered groups by their future's key, to name a group whose data was lost with
+        # its worker; keys fetched (or lost) before their "buffered" report arrived.
+        self._keys: dict[str, tuple[int, int]] = {}
+        self._early: dict[str, bool] = {}
         self._lock = threading.RLock()
 
     @_locked
@@ -106,9 +110,26 @@ class IntakeRules:
             self.held[actor].remove(key)
         if event == "buffered":
             self.ledger.buffered(*key)
+            future_key = report.get("key")
+            if future_key is None:
+                return
+            if future_key not in self._early:
+                self._keys[future_key] = key
+            elif self._early.pop(future_key):
+                self.exclude(*key, "lost")
         else:
             self._log_exclusion(key, report["reason"], report["detail"])
             self.exclude(*key, report["reason"])
+
+    @_locked
+    def on_fetch(self, future_key: str, *, lost: bool) -> None:
+        """The learner fetched a buffered group's data, or found it lost with its worker."""
+        key = self._keys.pop(future_key, None)
+        if key is None:
+            self._early[future_key] = lost
+        elif lost:
+            self.log(f"prompt {key[0]} attempt {key[1]}: its group was lost with its worker")
+            self.exclude(*key, "lost")
 
     def _log_exclusion(self, key: tuple[int, int], reason: str, detail: str, first: int = 3) -> None:
         """Logs the first few exclusions of each reason in detail; metrics count them all."""

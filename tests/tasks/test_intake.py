@@ -148,3 +148,27 @@ def test_accounting_balances_after_every_event(ops, max_staleness, admission, re
         acc = r.accounting()
         assert balanced(acc), (op, acc)
         assert acc["in_flight"] + acc["buffered"] <= 6
+
+
+def test_group_lost_with_its_worker_is_retried_whichever_message_comes_first():
+    for report_first in (True, False):
+        r = rules(outstanding=1)
+        [(_, p)] = r.dispatch(version=0)
+        report = {"event": "buffered", "actor": 0, "id": p.id, "attempt": 0, "key": "group-key"}
+        if report_first:
+            r.on_report(report)
+            r.on_fetch("group-key", lost=True)
+        else:
+            r.on_fetch("group-key", lost=True)
+            r.on_report(report)
+        acc = r.accounting()
+        assert acc["excluded"] == {"lost": 1} and acc["waiting"] == 1 and balanced(acc)
+        assert r.dispatch(version=0)[0][1] == Prompt(p.id, p.text, attempt=1)
+
+
+def test_fetched_group_is_not_lost_by_a_late_report():
+    r = rules(outstanding=1)
+    [(_, p)] = r.dispatch(version=0)
+    r.on_fetch("k", lost=False)
+    r.on_report({"event": "buffered", "actor": 0, "id": p.id, "attempt": 0, "key": "k"})
+    assert r.accounting()["buffered"] == 1 and r.accounting()["excluded"] == {}

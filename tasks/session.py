@@ -1,0 +1,186 @@
+"""A learner session: the training loop of one attempt of the learner task.
+
+Restore (or initialise) from the run directory, publish the weights, start the actors,
+then take groups, train, and every `sync.interval` steps publish a new version,
+checkpoint it and hand a record of it to `record` (the learner task's Prefect side).
+It runs in the learner's own process and touches no Prefect API itself.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Protocol
+
+import jax
+import numpy as np
+from distributed import Client
+
+from learner.batching import make_batch
+from learner.config import LearnerConfig, ModelConfig
+from learner.losses import group_advantages
+from learner.sharding import make_mesh
+from learner.train import TrainStep, abstract_train_state, init_train_state, params_numpy
+from learner.trajectory import Group
+from tasks.accounting import Ledger
+from tasks.actor import ActorSetup, run_actor
+from tasks.buffer import BufferReader, Channels, release_actors
+from tasks.checkpoint import Checkpoints
+from tasks.config import (ActorsConfig, BufferConfig, CheckpointConfig, DataConfig, EnvConfig,
+                          SyncConfig)
+from tasks.data import Prompt, PromptSource
+from tasks.envs import resolve_entrypoint
+from tasks.intake import IntakeRules, Pace
+from tasks.metrics import MetricsLog, write_json_atomic
+from tasks.progress import StepMeter
+from tasks.sync import WeightPublisher
+
+
+class RunSpec(Protocol):
+    """The sections of the experiment spec the learner session reads."""
+
+    name: str
+    seed: int
+    env: EnvConfig
+    data: DataConfig
+    model: ModelConfig
+    actors: ActorsConfig
+    buffer: BufferConfig
+    learner: LearnerConfig
+    sync: SyncConfig
+    checkpoint: CheckpointConfig
+
+    @property
+    def run_dir(self) -> Path: ...
+
+
+class Session:
+    """Args: `log` has .info/.warning; `record(**fields)` receives each version's record."""
+
+    def __init__(self, spec: RunSpec, client: Client, channels: Channels, log, record):
+        self.spec, self.client, self.channels, self.log, self.record = spec, client, channels, log, record
+        self.run_dir = spec.run_dir.resolve()
+        self.checkpoints = Checkpoints(self.run_dir / "checkpoints", spec.checkpoint.keep)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.ledger = Ledger()
+        env_class = resolve_entrypoint(spec.env.entrypoint)
+        self.source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
+        pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
+                    outstanding=spec.buffer.capacity + spec.actors.n_actors + spec.learner.batch_groups)
+        self.rules = IntakeRules(spec.buffer, self.ledger, self.source, pace, spec.actors.n_actors,
+                                 log=log.warning)
+        self.mesh = make_mesh(spec.learner.mesh)
+        self.train_step = TrainStep(spec.model, spec.learner, self.mesh)
+        self.version_rows: list[dict] = []
+
+    def run(self) -> dict:
+        state, version = self._restore_or_init()
+        publisher = WeightPublisher(self.channels.weights, self.client)
+        publisher.publish(version, params_numpy(state))
+        actors: list = []
+        reader = self._reader(check=lambda: _raise_if_stopped(actors))
+        reader.version = version
+        actors += self._start_actors()
+        try:
+            state, version = self._train(state, version, reader, publisher)
+        finally:
+            self._stop(actors, reader)
+            write_json_atomic(self.run_dir / "accounting.json", self.rules.accounting())
+            self.checkpoints.close()
+        return {"step": int(state.step), "version": version, "accounting": self.rules.accounting()}
+
+    def _restore_or_init(self):
+        latest = self.checkpoints.latest_version()
+        if latest is None:
+            state = init_train_state(self.spec.model, self.spec.learner, seed=self.spec.seed, mesh=self.mesh)
+            self.metrics.truncate_after(0)
+            return state, 0
+        abstract = abstract_train_state(self.spec.model, self.spec.learner, self.mesh)
+        state, record = self.checkpoints.restore(latest, abstract)
+        self.source.restore(record["data"])
+        self.ledger.restore(record["accounting"])
+        for prompt in record["redo"]:
+            self.source.again(Prompt.from_wire(prompt))
+        self.version_rows = record["versions"]
+        self.metrics.truncate_after(record["step"])
+        self.log.info(f"resumed from {self.checkpoints.path(latest)}: step {record['step']}, version {latest}")
+        return state, latest
+
+    def _reader(self, check) -> BufferReader:
+        return BufferReader(self.channels, self.client, self.rules, capacity=self.spec.buffer.capacity,
+                            prefetch=self.spec.learner.batch_groups, check=check).start()
+
+    def _start_actors(self) -> list:
+        spec = self.spec
+        setup = ActorSetup(self.channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
+        return [self.client.submit(run_actor, i, setup, pure=False,
+                                   key=f"actor-{i}-{self.channels.session}")
+                for i in range(spec.actors.n_actors)]
+
+    def _stop(self, actors: list, reader: BufferReader, timeout_s: float = 120.0) -> None:
+        """Stops the actors: no new groups, blocked puts released, queues closed."""
+        reader.close()
+        release_actors(self.client, self.channels, len(actors))
+        deadline = time.monotonic() + timeout_s
+        while any(not f.done() for f in actors) and time.monotonic() < deadline:
+            reader.drain()
+            time.sleep(0.05)
+        for future in actors:
+            if future.status == "finished":
+                stats = future.result()
+                self.log.info(f"actor {stats['actor']}: {stats['groups']} groups, rollout "
+                              f"{stats['rollout_s']:.1f}s, buffer put {stats['queue_put_s']:.1f}s")
+        self.client.cancel(actors)
+        reader.release()
+
+    def _train(self, state, version: int, reader: BufferReader, publisher: WeightPublisher):
+        spec = self.spec
+        step = int(state.step)
+        meter = StepMeter(self.log)
+        while step < spec.learner.steps:
+            groups = reader.take(spec.learner.batch_groups, version)
+            batch = self._batch(groups)
+            start = time.perf_counter()
+            state, train_metrics = self.train_step(state, batch)
+            step += 1
+            record = meter.record(step, version, groups, train_metrics, time.perf_counter() - start,
+                                  reader, self.train_step.compiles, self.ledger)
+            self.metrics.append(record)
+            if step % spec.sync.interval == 0:
+                version += 1
+                reader.version = version
+                publisher.publish(version, params_numpy(state))
+                self._checkpoint(state, step, version, record)
+        return state, version
+
+    def _batch(self, groups: list[Group]):
+        rewards = np.stack([g.rewards for g in groups])
+        advantages = np.asarray(group_advantages(rewards, normalize_std=self.spec.learner.loss.normalize_std))
+        samples = [s for g in groups for s in g.samples]
+        rows = self.spec.learner.batch_groups * self.spec.actors.group_size
+        return make_batch(samples, advantages.reshape(-1).tolist(), self.spec.learner.buckets, rows)
+
+    def _checkpoint(self, state, step: int, version: int, metrics: dict) -> None:
+        parent = self.checkpoints.path(version - 1) if version > 1 else None
+        row = {"version": version, "step": step, "checkpoint": str(self.checkpoints.path(version)),
+               "parent": version - 1 if version > 1 else None,
+               "reward_mean": metrics["reward_mean"], "time": metrics["time"]}
+        self.version_rows.append(row)
+        record = {"step": step, "version": version, "seed": self.spec.seed,
+                  "data": self.source.state(), "accounting": self.ledger.state(),
+                  "redo": [p.to_wire() for p in self.ledger.open_prompts()],
+                  "versions": self.version_rows}
+        path = self.checkpoints.save(version, state, record)
+        write_json_atomic(self.run_dir / "accounting.json", self.rules.accounting())
+        self.record(run_name=self.spec.name, spec_path=self.run_dir / "spec.yaml",
+                       checkpoint=path, parent=parent, version=version, step=step,
+                       metrics={"reward_mean": metrics["reward_mean"]}, rows=self.version_rows)
+
+
+def _raise_if_stopped(actors: list) -> None:
+    """Surfaces an actor's failure to the learner instead of letting it wait forever."""
+    for future in actors:
+        if future.status == "error":
+            raise RuntimeError(f"actor {future.key} failed") from future.exception()
+        if future.done():
+            raise RuntimeError(f"actor {future.key} stopped before the learner finished")
