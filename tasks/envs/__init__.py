@@ -17,6 +17,8 @@ import importlib
 import random
 from typing import Any, Protocol
 
+from tasks.envs.calculator import Calculator
+from tasks.envs.code_exec import CodeExec
 from tasks.envs.guess_number import GuessNumber
 
 
@@ -26,7 +28,7 @@ class Env(Protocol):
     def step(self, action: str) -> Any: ...
 
 
-BUILTIN: dict[str, type] = {"guess-number": GuessNumber}
+BUILTIN: dict[str, type] = {"guess-number": GuessNumber, "calculator": Calculator, "code-exec": CodeExec}
 
 
 def resolve_entrypoint(entrypoint: str) -> type:
