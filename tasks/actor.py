@@ -68,7 +68,8 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
         stats["params_get_s"] += time.perf_counter() - start
         key = jax.random.fold_in(jax.random.fold_in(base_key, prompt.id), prompt.attempt)
         start = time.perf_counter()
-        group = asyncio.run(runner.run(prompt.id, prompt.text, prompt.attempt, device_params, version, key))
+        group = asyncio.run(runner.run(prompt.id, prompt.text, prompt.attempt, device_params, version,
+                                       key, refresh=weights.latest))
         stats["rollout_s"] += time.perf_counter() - start
         start = time.perf_counter()
         writer.put(dataclasses.replace(group, arrival_version=weights.version()))

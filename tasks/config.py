@@ -35,7 +35,12 @@ class ActorsConfig(Frozen):
     group_size: int = Field(8, ge=2)  # episodes per prompt (the GRPO group)
     max_new_tokens: PositiveInt = 16  # tokens per action (one turn of the agent)
     temperature: PositiveFloat = 1.0
+    top_k: int = Field(0, ge=0)  # 0: all tokens
+    top_p: float = Field(1.0, gt=0, le=1)
+    # What a version published mid-episode does: retract (switch weights, recompute the
+    # cache, go on), finish (keep the old weights to the end), abort (drop the group).
     on_sync: Literal["retract", "finish", "abort"] = "retract"
+    sync_check_tokens: PositiveInt = 16  # decoded tokens between checks of the published version
 
     @field_validator("cluster")
     @classmethod

@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 
-from learner.sampling import Sampler
+from learner.sampling import Refresh, Sampler
 from learner.tokenizer import BOS, CharTokenizer
 from learner.trajectory import OBSERVATION, Group, Sample
 from tasks.config import ActorsConfig, EnvConfig
@@ -51,6 +51,28 @@ async def _call(method, *args):
 
 
 @dataclasses.dataclass
+class _Policy:
+    """The weights a group is being played with, and when they were last checked."""
+
+    params: object
+    version: int
+    refresh: Refresh | None
+    since_check: int = 0  # tokens decoded since the published version was last read
+
+    def due(self, every: int) -> bool:
+        return self.refresh is not None and self.since_check >= every
+
+    def check(self, on_sync: str) -> None:
+        latest, params = self.refresh()
+        self.since_check = 0
+        if latest == self.version:
+            return
+        if on_sync == "abort":
+            raise EpisodeAborted(f"version {latest} published mid-episode (on_sync: abort)")
+        self.version, self.params = latest, params
+
+
+@dataclasses.dataclass
 class GroupRunner:
     """Plays groups with one actor's environments, sampler and configuration."""
 
@@ -61,11 +83,14 @@ class GroupRunner:
     actors_config: ActorsConfig
 
     async def run(self, prompt_id: int, prompt: str, attempt: int, params, version: int,
-                  key: jax.Array) -> Group:
+                  key: jax.Array, refresh: Refresh | None = None) -> Group:
+        """Plays the group with `params` (of `version`); `refresh()` -> the latest published
+        (version, params), consulted every `actors.sync_check_tokens` tokens (`actors.on_sync`)."""
         started = time.time()
+        policy = _Policy(params, version, refresh)
         try:
             episodes = await asyncio.wait_for(
-                self._play(prompt, params, version, key), self.env_config.episode_timeout_s)
+                self._play(prompt, policy, key), self.env_config.episode_timeout_s)
             aborted = None
         except (asyncio.TimeoutError, TimeoutError):
             episodes, aborted = [], f"timeout after {self.env_config.episode_timeout_s}s"
@@ -77,7 +102,7 @@ class GroupRunner:
             for e in episodes)
         return Group(prompt_id, prompt, samples, started, time.time(), attempt=attempt, aborted=aborted)
 
-    async def _play(self, prompt: str, params, version: int, key: jax.Array) -> list[_Episode]:
+    async def _play(self, prompt: str, policy: "_Policy", key: jax.Array) -> list[_Episode]:
         first = await asyncio.gather(*(self._env_call(env.reset, prompt) for env in self.envs))
         episodes = [_Episode(env, [BOS], [0.0], [OBSERVATION]) for env in self.envs]
         for episode, obs in zip(episodes, first):
@@ -87,7 +112,7 @@ class GroupRunner:
             if not running:
                 return episodes
             key, turn_key = jax.random.split(key)
-            await self._act(running, params, version, turn_key)
+            await self._act(running, policy, turn_key)
             results = await asyncio.gather(*(self._step(e) for e in running))
             for episode, (obs, reward, done, info) in zip(running, results):
                 self._check_reward(reward)
@@ -101,20 +126,30 @@ class GroupRunner:
             raise EpisodeAborted(f"max_turns ({self.env_config.max_turns}) reached without finishing")
         return episodes
 
-    async def _act(self, running: list[_Episode], params, version: int, key: jax.Array) -> None:
+    async def _act(self, running: list[_Episode], policy: "_Policy", key: jax.Array) -> None:
         limit = self.sampler.max_len
         if any(len(e.tokens) >= limit for e in running):
             raise EpisodeAborted(f"episode longer than the context window (model.max_len={limit})")
+        config = self.actors_config
+        if policy.due(config.sync_check_tokens) and config.on_sync != "finish":
+            # A turn boundary is a chunk boundary: the next prefill recomputes the cache.
+            await asyncio.to_thread(policy.check, config.on_sync)
         # Generate in a thread so that the actor's event loop stays responsive.
-        new, logprobs = await asyncio.to_thread(
-            self.sampler.generate, params, [e.tokens for e in running],
-            max_new_tokens=self.actors_config.max_new_tokens,
-            temperature=self.actors_config.temperature, key=key)
-        for episode, ids, lps in zip(running, new, logprobs):
+        generation = await asyncio.to_thread(
+            self.sampler.generate, policy.params, [e.tokens for e in running],
+            max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+            top_k=config.top_k, top_p=config.top_p, key=key, version=policy.version,
+            refresh=policy.refresh, check_every=config.sync_check_tokens, on_sync=config.on_sync)
+        if generation.aborted:
+            raise EpisodeAborted(f"version {generation.version} published mid-generation (on_sync: abort)")
+        policy.params, policy.version = generation.params, generation.version
+        policy.since_check += max(len(t) for t in generation.tokens)
+        for episode, ids, lps, versions in zip(running, generation.tokens, generation.logprobs,
+                                               generation.versions):
             episode.action_start = len(episode.tokens)
-            episode.tokens += ids
-            episode.logprobs += lps
-            episode.versions += [version] * len(ids)
+            episode.tokens += ids.tolist()
+            episode.logprobs += lps.tolist()
+            episode.versions += versions.tolist()
 
     async def _step(self, episode: _Episode):
         action = self.tokenizer.decode(episode.tokens[episode.action_start:])
