@@ -68,8 +68,9 @@ class ModelConfig(Frozen):
     def _checkpoint_sizes(cls, data):
         """With `init` a checkpoint directory, sizes default to those in its config.json
         and the tokenizer to its tokenizer.json; sizes given explicitly must agree."""
-        if not isinstance(data, dict) or data.get("init", "random") == "random":
-            return data
+        init = data.get("init", "random") if isinstance(data, dict) else "random"
+        if not isinstance(init, str) or init == "random":
+            return data  # a non-string init is reported by the field's own validation
         from learner.hf import checkpoint_fields  # here: learner.hf -> learner.model -> this module
 
         return checkpoint_fields(data["init"], given=data)

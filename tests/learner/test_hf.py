@@ -61,3 +61,47 @@ def test_unsupported_architecture_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "hidden_size": 8, "num_attention_heads": 2}))
     with pytest.raises(ValueError, match="model_type"):
         ModelConfig(init=str(tmp_path))
+
+
+TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+            "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+WORDS = ["[UNK]", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "user", "assistant", "hello", "a", "b", "c"]
+
+
+def _save_tokenizer(path, template=TEMPLATE):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(WORDS[1:4])
+    tokenizer.save(str(path / "tokenizer.json"))
+    settings = {"eos_token": "<|im_end|>", "bos_token": None} | ({"chat_template": template} if template else {})
+    (path / "tokenizer_config.json").write_text(json.dumps(settings))
+    return tokenizer
+
+
+def test_chat_turns_concatenate_to_the_rendered_conversation(tmp_path):
+    from learner.chat import HFChat, make_tokenizer
+
+    _save_tiny(tmp_path, transformers.Qwen2Config, transformers.Qwen2ForCausalLM)
+    raw = _save_tokenizer(tmp_path)
+    chat = make_tokenizer(ModelConfig(init=str(tmp_path)))
+    assert isinstance(chat, HFChat) and chat.stop_ids == (3,) and chat.vocab_size == len(WORDS)
+    im_end = chat.stop_ids[0]
+    action = chat.encode("a b") + [im_end]  # as the sampler writes it: ending with a stop id
+    episode = chat.start() + chat.observation("hello", first=True) + action + chat.observation("c", first=False)
+    conversation = ("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\na b<|im_end|>\n"
+                    "<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n")
+    assert episode == raw.encode(conversation, add_special_tokens=False).ids
+    assert chat.decode(action + chat.encode("c")) == "a b"
+
+
+def test_without_a_template_observations_are_bare(tmp_path):
+    from learner.chat import CharChat, HFChat, make_tokenizer
+
+    _save_tokenizer(tmp_path, template=None)
+    chat = HFChat(tmp_path)
+    assert chat.start() == [] and chat.observation("hello a", first=True) == [6, 7]
+    char = make_tokenizer(ModelConfig())
+    assert isinstance(char, CharChat) and char.start() == [1] and char.stop_ids == (2,)
+    assert char.decode(char.observation("hi", first=False) + [2, 5]) == "hi"
