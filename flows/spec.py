@@ -45,6 +45,12 @@ class Spec(Frozen):
             )
         return self
 
+    @model_validator(mode="after")
+    def _sync_mode_publishes_every_step(self) -> "Spec":
+        if self.learner.mode == "sync" and self.sync.interval != 1:
+            raise ValueError("sync.interval: learner.mode sync publishes after every step; set it to 1")
+        return self
+
     @property
     def run_dir(self) -> Path:
         return Path(self.checkpoint.dir or f"runs/{self.name}")
@@ -125,10 +131,11 @@ def _apply_override(data: dict, override: str, source: str) -> tuple[str, ...]:
 def _issue(error: dict[str, Any], root: yaml.Node | None, overridden: list[tuple[str, ...]]) -> SpecIssue:
     loc = tuple(str(p) for p in error["loc"])
     message = error["msg"]
-    # Cross-section checks have no location of their own; they name their field first.
-    cross = re.match(r"Value error, ([\w.]+): (.*)", message, re.S)
-    if not loc and cross:
-        loc, message = tuple(cross[1].split(".")), cross[2]
+    # Checks across fields have no location of their own; they name their field first
+    # (relative to the section they validate, or absolute from the root).
+    named = re.match(r"Value error, ([\w.]+): (.*)", message, re.S)
+    if named:
+        loc, message = loc + tuple(named[1].split(".")), named[2]
     path = ".".join(loc)
     if error["type"] == "extra_forbidden":
         message = "unknown field"

@@ -115,6 +115,7 @@ class BufferReader:
     def __init__(self, channels: Channels, client: Client, rules: IntakeRules, *, capacity: int,
                  prefetch: int, check=lambda: None):
         self.rules, self.version = rules, 0  # `version`: the learner's, for admission control
+        self._want = 0  # groups a blocked `take` still needs (synchronous mode dispatches only these)
         self._client, self._channels = client, channels
         self._queue = Queue(channels.buffer, client=client, maxsize=capacity)
         self._reports = Queue(channels.reports, client=client)
@@ -156,6 +157,7 @@ class BufferReader:
         """The next `n` groups in arrival order that pass the exit check at `version`."""
         taken: list[Group] = []
         while len(taken) < n:
+            self._want = n - len(taken)
             group = self._next_local()
             staleness = self.rules.on_take(group, version)
             if staleness is not None:
@@ -164,6 +166,7 @@ class BufferReader:
                 self._stats.in_flight.append(in_flight)
                 self._stats.in_queue.append(in_queue)
                 taken.append(group)
+        self._want = 0
         return taken
 
     def pop_stats(self) -> IntakeStats:
@@ -189,7 +192,7 @@ class BufferReader:
                 for report in self._reports.get(batch=True):
                     self._stats.blocked_s += report.get("blocked_s", 0.0)
                     self.rules.on_report(report)
-                for actor, prompt in self.rules.dispatch(self.version):
+                for actor, prompt in self.rules.dispatch(self.version, self._want):
                     self._prompts[actor].put(prompt.to_wire())
                 self._fetch()
         except BaseException as e:  # surfaced to the learner by `take`

@@ -16,11 +16,12 @@ import orbax.checkpoint as ocp
 class Checkpoints:
     def __init__(self, directory: Path, keep: int | None):
         self.directory = directory.resolve()
-        # Synchronous saves: a version is recorded in Prefect only once it is on disk.
+        # Asynchronous: `save` returns once the state is copied to host memory and the
+        # write goes on beside training; `wait` returns once it is committed on disk.
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                 enable_async_checkpointing=False))
+                                                 enable_async_checkpointing=True))
 
     def path(self, version: int) -> Path:
         return self.directory / str(version)
@@ -32,11 +33,15 @@ class Checkpoints:
         return sorted(self._manager.all_steps())
 
     def save(self, version: int, state: Any, record: dict) -> Path:
-        """Writes version `version`; Orbax commits it by renaming a finished temporary dir."""
+        """Starts writing version `version` (after the previous write is committed); Orbax
+        commits it by renaming a finished temporary directory."""
         self._manager.save(version, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)))
-        self._manager.wait_until_finished()
         return self.path(version)
+
+    def wait(self) -> None:
+        """Returns once every started write is committed (raises if one failed)."""
+        self._manager.wait_until_finished()
 
     def restore(self, version: int, abstract_state: Any) -> tuple[Any, dict]:
         """The state (placed as `abstract_state`'s shardings say) and record of `version`."""
@@ -45,4 +50,5 @@ class Checkpoints:
         return restored["state"], restored["record"]
 
     def close(self) -> None:
+        self._manager.wait_until_finished()
         self._manager.close()

@@ -1,8 +1,10 @@
-"""The Dask cluster the actors run on: a local cluster of processes, or an existing scheduler."""
+"""The Dask cluster the actors run on: a local cluster of processes, an existing scheduler,
+or a cluster class (Slurm, Kubernetes, ...) that Tandem starts and scales."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from typing import Iterator
 
@@ -24,12 +26,26 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
     """Yields the scheduler address of the cluster the spec names.
 
     A local cluster's workers inherit this process's environment, `PREFECT_API_URL`
-    included, so anything Prefect they run reports to the same API.
+    included, so anything Prefect they run reports to the same API. Workers started any
+    other way need Tandem installed and, for the same reason, that variable set.
     """
-    if config.cluster != "local":
+    if "://" in config.cluster:
         yield config.cluster
         return
-    env = {**{k: v for k, v in os.environ.items() if k.startswith("PREFECT_")}, **ACTOR_ENV}
-    with LocalCluster(n_workers=config.workers, threads_per_worker=1, processes=True,
-                      dashboard_address=None, env=env) as cluster:
+    if config.cluster == "local":
+        env = {**{k: v for k, v in os.environ.items() if k.startswith("PREFECT_")}, **ACTOR_ENV}
+        cluster = LocalCluster(n_workers=config.workers, threads_per_worker=1, processes=True,
+                               dashboard_address=None, env=env)
+    else:
+        cluster = _cluster_class(config.cluster)(**config.cluster_kwargs)
+        cluster.scale(config.workers)
+    with cluster:
         yield cluster.scheduler_address
+
+
+def _cluster_class(name: str) -> type:
+    module, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"actors.cluster: cannot load cluster class {name!r}: {e}") from None

@@ -29,7 +29,7 @@ class DataConfig(Frozen):
 
 
 class ActorsConfig(Frozen):
-    cluster: str = "local"  # "local" (a LocalCluster of processes) or a scheduler "tcp://host:8786"
+    cluster: str = "local"  # "local" (a LocalCluster of processes), "tcp://host:8786", or "module:Class"
     workers: PositiveInt = 2  # Dask worker processes of the local cluster
     actors: PositiveInt | None = None  # concurrent actors; None = one per worker
     group_size: int = Field(8, ge=2)  # episodes per prompt (the GRPO group)
@@ -42,11 +42,16 @@ class ActorsConfig(Frozen):
     on_sync: Literal["retract", "finish", "abort"] = "retract"
     sync_check_tokens: PositiveInt = 16  # decoded tokens between checks of the published version
 
+    # A cluster class ("dask_jobqueue:SLURMCluster", "dask_kubernetes.operator:KubeCluster")
+    # is built as Class(**cluster_kwargs) and scaled to `workers`.
+    cluster_kwargs: dict[str, Any] = {}
+
     @field_validator("cluster")
     @classmethod
     def _cluster(cls, cluster: str) -> str:
-        if cluster != "local" and "://" not in cluster:
-            raise ValueError('must be "local" or a scheduler address such as "tcp://host:8786"')
+        if cluster != "local" and "://" not in cluster and ":" not in cluster:
+            raise ValueError('must be "local", a scheduler address such as "tcp://host:8786", '
+                             'or a cluster class such as "dask_jobqueue:SLURMCluster"')
         return cluster
 
     @property
@@ -67,7 +72,7 @@ class BufferConfig(Frozen):
     @model_validator(mode="after")
     def _admission_needs_budget(self) -> "BufferConfig":
         if self.admission and self.max_staleness is None:
-            raise ValueError("buffer.admission: needs buffer.max_staleness (the staleness budget)")
+            raise ValueError("admission: needs buffer.max_staleness (the staleness budget)")
         return self
 
 
@@ -77,4 +82,5 @@ class SyncConfig(Frozen):
 
 class CheckpointConfig(Frozen):
     dir: str | None = None  # the run directory; None: runs/<name>
-    keep: PositiveInt | None = 3  # checkpoints kept (one per version); None keeps all
+    keep: PositiveInt | None = 3  # checkpoints kept; None keeps all
+    every: PositiveInt = 1  # versions between checkpoints (each checkpoint is recorded in Prefect)

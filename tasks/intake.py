@@ -37,6 +37,7 @@ class Pace:
     batch_groups: int  # groups per learner step
     sync_interval: int  # learner steps per version
     outstanding: int  # most attempts in flight or buffered at once (bounded asynchrony)
+    synchronous: bool = False  # learner.mode sync: generate only what the waiting learner needs
 
 
 class IntakeRules:
@@ -65,16 +66,19 @@ class IntakeRules:
         return {**self.ledger.snapshot(), "prompts": self.source.cursor,
                 "waiting": len(self.source.waiting)}
 
-    def admissible(self, version: int) -> int:
-        """How many new attempts may start now.
+    def admissible(self, version: int, want: int = 0) -> int:
+        """How many new attempts may start now; `want`: groups the learner is waiting for.
 
         Bounded by `pace.outstanding`; with `buffer.admission`, also by the staleness budget
         (AReaL): an attempt started at version v is taken, in FIFO order, at about version
         (consumed + open) / (batch_groups × sync_interval); it must not exceed v + max_staleness.
+        In synchronous mode, only what the waiting learner still lacks.
         """
         snap = self.ledger.snapshot()
         open_ = snap["in_flight"] + snap["buffered"]
         room = self.pace.outstanding - open_
+        if self.pace.synchronous:
+            room = min(room, want - open_)
         if self.config.admission:
             per_version = self.pace.batch_groups * self.pace.sync_interval
             budget = (version + self.config.max_staleness + 1) * per_version
@@ -82,10 +86,10 @@ class IntakeRules:
         return max(0, room)
 
     @_locked
-    def dispatch(self, version: int) -> list[tuple[int, Prompt]]:
+    def dispatch(self, version: int, want: int = 0) -> list[tuple[int, Prompt]]:
         """(actor, prompt) pairs to send now, each to the actor holding the fewest."""
         out = []
-        for _ in range(self.admissible(version)):
+        for _ in range(self.admissible(version, want)):
             prompt = self.source.next()
             actor = min(range(len(self.held)), key=lambda a: len(self.held[a]))
             self.held[actor].append((prompt.id, prompt.attempt))

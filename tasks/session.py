@@ -66,12 +66,14 @@ class Session:
         env_class = resolve_entrypoint(spec.env.entrypoint)
         self.source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
         pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
-                    outstanding=spec.buffer.capacity + spec.actors.n_actors + spec.learner.batch_groups)
+                    outstanding=spec.buffer.capacity + spec.actors.n_actors + spec.learner.batch_groups,
+                    synchronous=spec.learner.mode == "sync")
         self.rules = IntakeRules(spec.buffer, self.ledger, self.source, pace, spec.actors.n_actors,
                                  log=log.warning)
         self.mesh = make_mesh(spec.learner.mesh)
         self.train_step = TrainStep(spec.model, spec.learner, self.mesh)
         self.version_rows: list[dict] = []
+        self._uncommitted: dict | None = None  # the record of a checkpoint still being written
 
     def run(self) -> dict:
         state, version = self._restore_or_init()
@@ -83,6 +85,7 @@ class Session:
         actors += self._start_actors()
         try:
             state, version = self._train(state, version, reader, publisher)
+            self._record_committed()
         finally:
             self._stop(actors, reader)
             write_json_atomic(self.run_dir / "accounting.json", self.rules.accounting())
@@ -150,7 +153,8 @@ class Session:
                 version += 1
                 reader.version = version
                 publisher.publish(version, params_numpy(state))
-                self._checkpoint(state, step, version, record)
+                if version % spec.checkpoint.every == 0 or step >= spec.learner.steps:
+                    self._checkpoint(state, step, version, record)
         return state, version
 
     def _batch(self, groups: list[Group]):
@@ -161,9 +165,11 @@ class Session:
         return make_batch(samples, advantages.reshape(-1).tolist(), self.spec.learner.buckets, rows)
 
     def _checkpoint(self, state, step: int, version: int, metrics: dict) -> None:
-        parent = self.checkpoints.path(version - 1) if version > 1 else None
+        """Starts writing the version's checkpoint; records the previous one, now committed."""
+        self._record_committed()
+        previous = self.checkpoints.latest_version()  # the parent: the last version checkpointed
         row = {"version": version, "step": step, "checkpoint": str(self.checkpoints.path(version)),
-               "parent": version - 1 if version > 1 else None,
+               "parent": previous,
                "reward_mean": metrics["reward_mean"], "time": metrics["time"]}
         self.version_rows.append(row)
         record = {"step": step, "version": version, "seed": self.spec.seed,
@@ -172,9 +178,18 @@ class Session:
                   "versions": self.version_rows}
         path = self.checkpoints.save(version, state, record)
         write_json_atomic(self.run_dir / "accounting.json", self.rules.accounting())
-        self.record(run_name=self.spec.name, spec_path=self.run_dir / "spec.yaml",
-                       checkpoint=path, parent=parent, version=version, step=step,
-                       metrics={"reward_mean": metrics["reward_mean"]}, rows=self.version_rows)
+        self._uncommitted = dict(
+            run_name=self.spec.name, spec_path=self.run_dir / "spec.yaml", checkpoint=path,
+            parent=self.checkpoints.path(previous) if previous is not None else None,
+            version=version, step=step, metrics={"reward_mean": metrics["reward_mean"]},
+            rows=list(self.version_rows))
+
+    def _record_committed(self) -> None:
+        """Waits for the checkpoint being written, then records it (Prefect sees only committed ones)."""
+        self.checkpoints.wait()
+        if self._uncommitted is not None:
+            self.record(**self._uncommitted)
+            self._uncommitted = None
 
 
 def _raise_if_stopped(actors: list) -> None:
