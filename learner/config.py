@@ -134,6 +134,9 @@ class LearnerConfig(Frozen):
     loss: LossConfig = LossConfig()
     mesh: MeshConfig = MeshConfig()
     buckets: tuple[PositiveInt, ...] = (64, 128)  # padded sequence lengths, one compile each
+    # "sync": the baseline that waits: generate a batch with the latest weights, train on
+    # it, publish, repeat (publishes every step; needs sync.interval 1).
+    mode: Literal["async", "sync"] = "async"
 
     @field_validator("buckets")
     @classmethod
