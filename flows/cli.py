@@ -16,6 +16,10 @@ BAD_SPEC = 2
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "report":
+        from flows.report import report_command
+
+        return report_command(args.run_dir)
     try:
         spec = _spec(args)
     except SpecError as e:
@@ -40,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                         help="override a field of the run's spec (e.g. learner.steps=400 to extend it)")
+    report = commands.add_parser("report", help="plot a run's metrics into RUN_DIR/report/ and RUN_DIR/tensorboard/")
+    report.add_argument("run_dir", type=Path)
     return parser
 
 

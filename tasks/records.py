@@ -1,4 +1,5 @@
-"""What Prefect records of a run: each version as an asset with lineage, and tables of them.
+"""What Prefect records of a run: each version as an asset with lineage, and tables of them;
+the learner's progress; the summary at the end, with its plots.
 
 Asset keys are the checkpoint's own location, so the UI's lineage reads
 spec -> v1 -> v2 -> ... and each node says where its weights are.
@@ -6,13 +7,20 @@ spec -> v1 -> v2 -> ... and each node says where its weights are.
 
 from __future__ import annotations
 
+import base64
+import time
 from pathlib import Path
+from typing import Mapping
+from uuid import UUID
 
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (create_markdown_artifact, create_progress_artifact,
+                               create_table_artifact, update_progress_artifact)
 from prefect.assets import Asset, AssetProperties, materialize
 from prefect.cache_policies import NO_CACHE
 
 VERSIONS_ARTIFACT = "model-versions"
+SUMMARY_ARTIFACT = "run-summary"
+PROGRESS_ARTIFACT = "learner-progress"
 
 
 def asset_key(path: Path) -> str:
@@ -31,13 +39,42 @@ def record_version(*, run_name: str, spec_path: Path, checkpoint: Path, parent: 
     @materialize(asset, asset_deps=deps, cache_policy=NO_CACHE,
                  task_run_name=f"version-{version}", persist_result=False)
     def checkpoint_version() -> None:
-        asset.add_metadata({"step": step, "version": version, "path": str(checkpoint), **metrics})
+        asset.add_metadata({"step": step, "version": version, "path": str(checkpoint),
+                            "spec": str(spec_path), "parent": str(parent) if parent else None, **metrics})
 
     checkpoint_version()
     create_table_artifact(key=VERSIONS_ARTIFACT, table=rows,
                           description=f"Model versions of run {run_name}")
 
 
-def record_summary(*, run_name: str, markdown: str) -> None:
-    create_markdown_artifact(key="run-summary", markdown=markdown,
+def record_summary(*, run_name: str, markdown: str, plots: Mapping[str, bytes] | None = None) -> None:
+    """The `run-summary` artifact: `markdown`, then each PNG of `plots` embedded as a
+    data URI (the Prefect UI renders them; no file server needed)."""
+    images = "".join(f"\n## {name}\n\n![{name}](data:image/png;base64,{base64.b64encode(png).decode()})\n"
+                     for name, png in (plots or {}).items())
+    create_markdown_artifact(key=SUMMARY_ARTIFACT, markdown=markdown + images,
                              description=f"Summary of run {run_name}")
+
+
+class ProgressRecord:
+    """The `learner-progress` artifact: percent of `total_steps` done, created once per
+    learner session and updated at most every `every_s` seconds (each update is an API call)."""
+
+    def __init__(self, *, run_name: str, step: int, version: int, total_steps: int, every_s: float = 5.0):
+        self.run_name, self.total_steps, self.every_s = run_name, total_steps, every_s
+        self._last = time.monotonic()
+        self.id: UUID = create_progress_artifact(progress=self._percent(step), key=PROGRESS_ARTIFACT,
+                                                 description=self._describe(step, version))
+
+    def update(self, step: int, version: int) -> None:
+        """Sends the progress if `every_s` has passed, and always at the last step."""
+        now = time.monotonic()
+        if step >= self.total_steps or now - self._last >= self.every_s:
+            self._last = now
+            update_progress_artifact(self.id, self._percent(step), self._describe(step, version))
+
+    def _percent(self, step: int) -> float:
+        return min(100.0, 100.0 * step / self.total_steps) if self.total_steps else 100.0
+
+    def _describe(self, step: int, version: int) -> str:
+        return f"{self.run_name}: step {step} of {self.total_steps}, version {version}"

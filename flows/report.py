@@ -1,0 +1,136 @@
+"""`tandem report RUN_DIR`: plots of a run's `metrics.jsonl`, for people and for Prefect.
+
+The same PNGs go to `RUN_DIR/report/` and, through `publish_report` at the end of a
+flow run, into the `run-summary` artifact; `RUN_DIR/tensorboard/` gets the metrics as
+TensorBoard events.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+from typing import Callable
+
+from matplotlib.figure import Figure
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.metrics import MetricsLog
+from tasks.records import record_summary
+from tasks.tensorboard import rewrite_events
+
+# A Figure made without pyplot renders through matplotlib's Agg canvas: no display,
+# no global figure state, safe in worker threads.
+FIGSIZE = (6.4, 3.6)
+DPI = 90
+
+
+def _reward(fig: Figure, records: list[dict]) -> None:
+    start = records[0]["time"]
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, xs, label in ((axes[0], [r["step"] for r in records], "step"),
+                          (axes[1], [r["time"] - start for r in records], "wall time (s)")):
+        ax.plot(xs, [r["reward_mean"] for r in records], label="reward (mean)")
+        if any("success_rate" in r for r in records):
+            pairs = [(x, r["success_rate"]) for x, r in zip(xs, records) if "success_rate" in r]
+            ax.plot(*zip(*pairs), label="success rate")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="best", fontsize="small")
+    fig.suptitle("Reward and success")
+
+
+def _learner_busy(fig: Figure, records: list[dict]) -> None:
+    ax = fig.subplots()
+    ax.plot([r["step"] for r in records], [100 * r["learner_busy"] for r in records])
+    ax.set(xlabel="step", ylabel="% of wall time in train steps", ylim=(0, 105),
+           title="Learner busy")
+    ax.grid(alpha=0.3)
+
+
+def _buffer_depth(fig: Figure, records: list[dict]) -> None:
+    ax = fig.subplots()
+    ax.step([r["step"] for r in records], [r["buffer_depth"] for r in records], where="post")
+    ax.set(xlabel="step", ylabel="groups in the buffer", title="Buffer depth")
+    ax.grid(alpha=0.3)
+
+
+def _staleness(fig: Figure, records: list[dict]) -> None:
+    """Staleness of every consumed group, summed over the run's steps."""
+    counts: dict[int, int] = {}
+    for r in records:
+        for staleness, n in r.get("staleness_hist", {}).items():
+            counts[int(staleness)] = counts.get(int(staleness), 0) + n
+    ax = fig.subplots()
+    ax.bar(list(counts), list(counts.values()))
+    ax.set(xlabel="staleness (versions)", ylabel="groups consumed", title="Staleness of consumed groups")
+    ax.set_xticks(sorted(counts) or [0])
+    if not counts:
+        ax.text(0.5, 0.5, "no groups recorded", transform=ax.transAxes, ha="center")
+
+
+def _exclusions(fig: Figure, records: list[dict]) -> None:
+    """`excluded` is cumulative, so the last record holds the run's totals."""
+    excluded = records[-1].get("excluded", {})
+    ax = fig.subplots()
+    ax.barh(list(excluded), list(excluded.values()))
+    ax.set(xlabel="groups excluded", title=f"Exclusions by reason (total {sum(excluded.values())})")
+    if not excluded:
+        ax.text(0.5, 0.5, "no group was excluded", transform=ax.transAxes, ha="center")
+        ax.set_yticks([])
+
+
+PLOTS: dict[str, Callable[[Figure, list[dict]], None]] = {
+    "reward": _reward,
+    "learner-busy": _learner_busy,
+    "buffer-depth": _buffer_depth,
+    "staleness": _staleness,
+    "exclusions": _exclusions,
+}
+
+
+def render_plots(records: list[dict]) -> dict[str, bytes]:
+    """PNG bytes of every plot, by name."""
+    pngs = {}
+    for name, draw in PLOTS.items():
+        fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+        draw(fig, records)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        pngs[name] = buffer.getvalue()
+    return pngs
+
+
+def write_report(run_dir: Path) -> dict[str, bytes]:
+    """Writes `run_dir/report/<plot>.png` and `run_dir/tensorboard/` from the run's metrics;
+    returns the PNGs by name."""
+    records = MetricsLog(run_dir / "metrics.jsonl").read()
+    if not records:
+        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'}: no metrics recorded")
+    pngs = render_plots(records)
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    for name, png in pngs.items():
+        (out / f"{name}.png").write_bytes(png)
+    rewrite_events(run_dir / "tensorboard", records)
+    return pngs
+
+
+@task(name="report", cache_policy=NO_CACHE, persist_result=False)
+def publish_report(run_dir: Path, *, run_name: str, markdown: str) -> None:
+    """Writes the run's report and sends the summary, with the plots, to Prefect."""
+    record_summary(run_name=run_name, markdown=markdown, plots=write_report(run_dir))
+
+
+def report_command(run_dir: Path) -> int:
+    """`tandem report RUN_DIR`; exit 1 when the run has no metrics yet."""
+    try:
+        pngs = write_report(run_dir)
+    except FileNotFoundError as e:
+        print(e, file=sys.stderr)
+        return 1
+    for name in pngs:
+        print(run_dir / "report" / f"{name}.png")
+    print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
+    return 0

@@ -1,0 +1,104 @@
+"""Deployments: prefect.yaml as users deploy it (`prefect deploy --all`), a process worker,
+and the spec parameter in each of its forms."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from prefect.deployments import run_deployment
+from prefect.flows import load_flow_from_entrypoint
+
+from flows.deploy import resolve_spec
+from flows.spec import SpecError
+from tasks.accounting import balanced
+from tests.conftest import ROOT
+
+PREFECT = str(Path(sys.executable).parent / "prefect")
+
+
+def prefect_yaml() -> dict:
+    return yaml.safe_load((ROOT / "prefect.yaml").read_text())
+
+
+def test_every_spec_has_a_deployment_of_the_training_flow():
+    deployments = prefect_yaml()["deployments"]
+    specs = {f"specs/{p.name}" for p in (ROOT / "specs").glob("*.yaml")}
+    assert {d["parameters"]["spec"] for d in deployments} == specs
+    for deployment in deployments:
+        assert Path(deployment["parameters"]["spec"]).stem == deployment["name"]
+        flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
+        assert flow.name == "tandem-train"
+        resolve_spec(str(ROOT / deployment["parameters"]["spec"]), [])
+    assert len({yaml.safe_dump(d["work_pool"]) for d in deployments}) == 1  # one shared pool
+
+
+def test_spec_parameter_is_a_path_yaml_text_or_a_mapping():
+    path = ROOT / "specs" / "guess-number.yaml"
+    from_path = resolve_spec(str(path), ["learner.steps=7"])
+    assert from_path.learner.steps == 7
+    assert resolve_spec(path.read_text(), ["learner.steps=7"]) == from_path
+    assert resolve_spec(yaml.safe_load(path.read_text()), ["learner.steps=7"]) == from_path
+    assert resolve_spec("{name: x}", []).name == "x"
+
+
+def test_bad_spec_parameter_names_the_field_and_line():
+    with pytest.raises(SpecError, match=r"learner\.steps \(line 3\): .*integer"):
+        resolve_spec("name: x\nlearner:\n  steps: many\n", [])
+    with pytest.raises(SpecError, match=r"env\.max_turnz \(line \d+\): unknown field"):
+        resolve_spec({"name": "x", "env": {"max_turnz": 3}}, [])
+    with pytest.raises(SpecError, match="cannot read"):
+        resolve_spec("specs/no-such-spec.yaml", [])
+
+
+@pytest.fixture
+def process_worker(prefect_api, tmp_path):
+    """The README's steps on the session's own server: the work pool prefect.yaml names,
+    `prefect deploy --all`, and a process worker polling the pool; yields the pool's name."""
+    pool = prefect_yaml()["deployments"][0]["work_pool"]["name"]
+    for command in (["work-pool", "create", "--overwrite", "--type", "process", pool],
+                    ["--no-prompt", "deploy", "--all"]):
+        result = subprocess.run([PREFECT, *command], cwd=ROOT, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = (tmp_path / "worker.log").open("w")
+    # The worker's environment is a user's: without the test session's 8 virtual devices.
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"PREFECT_WORKER_QUERY_SECONDS": "1"}
+    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool], cwd=tmp_path, env=env,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield pool
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+        log.close()
+
+
+@pytest.mark.e2e
+def test_deployed_spec_runs_on_a_process_worker(process_worker, tmp_path):
+    spec = yaml.safe_load((ROOT / "specs" / "guess-number.yaml").read_text())
+    spec["learner"] |= {"steps": 4, "batch_groups": 2}
+    spec["buffer"]["capacity"] = 8
+    spec["checkpoint"]["dir"] = str(tmp_path / "run")
+
+    flow_run = run_deployment("tandem-train/guess-number", parameters={"spec": spec}, timeout=400)
+
+    worker_log = (tmp_path / "worker.log").read_text()[-4000:]
+    assert flow_run.state.is_completed(), f"{flow_run.state}\n{worker_log}"
+    assert flow_run.work_queue_name == "default"
+    with get_client(sync_client=True) as client:
+        assert client.read_deployment(flow_run.deployment_id).work_pool_name == process_worker
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+    by_key = {a.key: a for a in artifacts}
+    assert {"model-versions", "run-summary"} <= set(by_key)
+    table = by_key["model-versions"].data
+    (row,) = json.loads(table) if isinstance(table, str) else table
+    assert (row["version"], row["step"]) == (1, 4)
+    assert Path(row["checkpoint"]).is_dir()
+    assert balanced(json.loads((tmp_path / "run" / "accounting.json").read_text()))

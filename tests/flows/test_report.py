@@ -1,0 +1,107 @@
+"""`tandem report`: plots and TensorBoard events from a run's metrics; the same plots and
+the learner's progress as Prefect artifacts."""
+
+import json
+import random
+import struct
+
+import matplotlib.image
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from tensorboardX.proto.event_pb2 import Event
+
+from flows.cli import main
+from flows.report import PLOTS, publish_report
+from tasks.records import PROGRESS_ARTIFACT, SUMMARY_ARTIFACT, ProgressRecord
+
+STEPS = 24
+
+
+def realistic_metrics(steps: int = STEPS, seed: int = 0) -> list[dict]:
+    """Records shaped like the learner's: cumulative exclusions, per-step staleness counts."""
+    rng = random.Random(seed)
+    start, excluded, records = 1_800_000_000.0, {"filtered": 0, "aborted": 0}, []
+    for step in range(1, steps + 1):
+        excluded["filtered"] += rng.randint(0, 3)
+        excluded["aborted"] += rng.random() < 0.2
+        success = min(1.0, 0.3 + 0.025 * step + rng.uniform(-0.05, 0.05))
+        records.append({
+            "step": step, "version": (step - 1) // 4, "time": start + 0.8 * step + rng.random(),
+            "reward_mean": success, "success_rate": success,
+            "learner_busy": rng.uniform(0.2, 0.9), "buffer_depth": rng.randint(0, 16),
+            "excluded": dict(excluded), "staleness_hist": {"0": rng.randint(1, 3), "1": rng.randint(0, 2)},
+            "compiles": 1, "padding": 0.3, "loss": rng.uniform(-0.1, 0.2), "prompt_ids": [step],
+        })
+    return records
+
+
+def write_metrics(run_dir, records):
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def read_events(path) -> list[Event]:
+    """Events of a TFRecord file: length (u64), its CRC, the data, the data's CRC."""
+    events, data = [], path.read_bytes()
+    while data:
+        (length,) = struct.unpack("<Q", data[:8])
+        events.append(Event.FromString(data[12:12 + length]))
+        data = data[12 + length + 4:]
+    return events
+
+
+def test_report_writes_nontrivial_plots_and_tensorboard_events(tmp_path, capsys):
+    write_metrics(tmp_path, realistic_metrics())
+
+    assert main(["report", str(tmp_path)]) == 0
+
+    for name in PLOTS:
+        path = tmp_path / "report" / f"{name}.png"
+        assert path.stat().st_size > 5_000, name
+        pixels = matplotlib.image.imread(path)
+        assert pixels.shape[0] > 200 and pixels.shape[1] > 400, name
+        assert pixels[..., :3].var() > 1e-3, f"{name} is blank"
+    assert str(tmp_path / "report" / "reward.png") in capsys.readouterr().out
+
+    (events_file,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    values = [(v.tag, e.step) for e in read_events(events_file) for v in e.summary.value]
+    assert [s for tag, s in values if tag == "reward_mean"] == list(range(1, STEPS + 1))
+    assert {"excluded/filtered", "excluded/aborted", "learner_busy", "buffer_depth", "version",
+            "staleness"} <= {tag for tag, _ in values}
+
+
+def test_report_again_replaces_its_events(tmp_path):
+    write_metrics(tmp_path, realistic_metrics())
+    assert main(["report", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path)]) == 0
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 1
+
+
+def test_report_of_a_run_without_metrics_fails(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 1
+    assert "no metrics recorded" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_summary_and_progress_artifacts(prefect_api, tmp_path):
+    write_metrics(tmp_path, realistic_metrics())
+
+    @flow(name="report-test")
+    def finish_run() -> None:
+        progress = ProgressRecord(run_name="demo", step=0, version=0, total_steps=STEPS, every_s=3600)
+        progress.update(STEPS // 2, 3)  # within every_s: not sent
+        progress.update(STEPS, 6)  # the last step: always sent
+        publish_report(tmp_path, run_name="demo", markdown="# demo\n")
+
+    state = finish_run(return_state=True)
+    assert state.is_completed()
+    with get_client(sync_client=True) as client:
+        artifacts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))}
+    assert artifacts[PROGRESS_ARTIFACT].data == 100.0
+    assert artifacts[PROGRESS_ARTIFACT].description == f"demo: step {STEPS} of {STEPS}, version 6"
+    summary = artifacts[SUMMARY_ARTIFACT].data
+    assert summary.startswith("# demo\n")
+    assert summary.count("](data:image/png;base64,") == len(PLOTS)

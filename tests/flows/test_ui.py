@@ -1,0 +1,98 @@
+"""The Prefect UI, in a real browser (Debian's headless chromium): a finished run's flow run
+page lists its artifacts, and the `model-versions` artifact shows the version table."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from flows.server import start_local_server, ui_url
+from tests.conftest import free_port, tandem
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")
+TINY = ["--set", "learner.steps=4", "--set", "learner.batch_groups=2", "--set", "buffer.capacity=8"]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    """Debian's chromium, installed by apt-get on first use (CI runs as root on a clean machine)."""
+    if not CHROMIUM.exists():
+        if os.geteuid() != 0:
+            pytest.skip("the browser test installs chromium with apt-get, which needs root")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
+            subprocess.run(command, env=env, check=True, capture_output=True, timeout=900)
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def ui_api(tmp_path_factory):
+    """A Prefect server whose UI reads from it. The UI asks the API at PREFECT_UI_API_URL,
+    which otherwise defaults to port 4200 whatever port the server listens on."""
+    port = free_port()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PREFECT_UI_API_URL", f"http://127.0.0.1:{port}/api")
+        url, process = start_local_server(port, home=tmp_path_factory.mktemp("ui-prefect-home"))
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def finished_run(ui_api, tmp_path_factory) -> tuple[object, object]:
+    """A tiny real training run reported to `ui_api`: its flow run and `model-versions` artifact."""
+    run_dir = tmp_path_factory.mktemp("ui-run")
+    # Without the test session's 8 virtual devices (XLA_FLAGS), which make compiling slow.
+    result = tandem("run", "specs/guess-number.yaml", *TINY, "--set", f"checkpoint.dir={run_dir}",
+                    env={"PREFECT_API_URL": ui_api, "XLA_FLAGS": ""})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with temporary_settings(updates={PREFECT_API_URL: ui_api}), get_client(sync_client=True) as client:
+        (flow_run,) = client.read_flow_runs()
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+    return flow_run, next(a for a in artifacts if a.key == "model-versions")
+
+
+def browse(chromium: Path, url: str, profile: Path, *args: str) -> str:
+    """Loads `url` headless; the UI is a JS app, so the virtual time budget lets it fetch
+    and render before the DOM is dumped or the screenshot taken."""
+    command = [str(chromium), "--headless", "--no-sandbox", "--disable-gpu",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--no-first-run", f"--user-data-dir={profile}", "--window-size=1400,1000",
+               "--virtual-time-budget=20000", *args, url]
+    return subprocess.run(command, capture_output=True, text=True, check=True, timeout=180).stdout
+
+
+def test_flow_run_page_lists_the_model_versions_artifact(chromium, ui_api, finished_run, tmp_path):
+    flow_run, _ = finished_run
+    page = f"{ui_url(ui_api)}/v2/runs/flow-run/{flow_run.id}?tab=Artifacts"
+
+    dom = browse(chromium, page, tmp_path / "profile-dom", "--dump-dom")
+    screenshot = tmp_path / "flow-run-artifacts.png"
+    browse(chromium, page, tmp_path / "profile-shot", f"--screenshot={screenshot}")
+
+    assert flow_run.name in dom and "tandem-train" in dom
+    assert "model-versions" in dom and "run-summary" in dom
+    assert screenshot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_model_versions_artifact_shows_the_version_table(chromium, ui_api, finished_run, tmp_path):
+    _, artifact = finished_run
+    (row,) = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+    page = f"{ui_url(ui_api)}/v2/artifacts/artifact/{artifact.id}"
+
+    dom = browse(chromium, page, tmp_path / "profile-dom", "--dump-dom")
+    screenshot = tmp_path / "model-versions.png"
+    browse(chromium, page, tmp_path / "profile-shot", f"--screenshot={screenshot}")
+
+    assert row["checkpoint"] in dom  # the table's cells: where version 1's weights are
+    assert screenshot.stat().st_size > 20_000
