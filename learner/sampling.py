@@ -164,11 +164,6 @@ class Generation:
     version: int
     params: Params = dataclasses.field(repr=False)
 
-    def __iter__(self):
-        """Unpacks as `(tokens, logprobs)`, the return value of the sampler before
-        versions existed; kept until tasks/rollout.py reads the fields by name."""
-        return iter((self.tokens, self.logprobs))
-
 
 class Sampler:
     """Generates one action per row of a group with jitted, cached prefill and decode steps."""
