@@ -41,6 +41,7 @@ def start_local_server(port: int = DEFAULT_PORT, home: Path | None = None,
         return api_url, None
     env = dict(os.environ)
     env.pop("PREFECT_API_URL", None)
+    env["PREFECT_UI_API_URL"] = api_url  # else the UI talks to the API on the default port
     if home is not None:
         env["PREFECT_HOME"] = str(home)
     log_dir = Path(env.get("PREFECT_HOME", Path.home() / ".prefect"))

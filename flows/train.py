@@ -7,10 +7,10 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.report import publish_report
 from flows.spec import Spec
 from tasks.cluster import actor_cluster
 from tasks.learn import learn
-from tasks.records import record_summary
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -31,7 +31,7 @@ def train(spec: Spec) -> dict:
     run_dir = prepare_run_dir(spec)
     with actor_cluster(spec.actors) as address:
         result = learn(spec, address)
-    record_summary(run_name=spec.name, markdown=_summary(spec, run_dir, result))
+    publish_report(run_dir, run_name=spec.name, markdown=_summary(spec, run_dir, result))
     return result
 
 

@@ -19,7 +19,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.buffer import Channels, release_actors
-from tasks.records import record_version
+from tasks.records import ProgressRecord, record_version
 from tasks.session import RunSpec, Session
 
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
@@ -35,7 +35,7 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
         target=_learner_main, args=(spec, scheduler_address, channels, events), name="tandem-learner")
     process.start()
     try:
-        result = _relay(events, process, log)
+        result = _relay(events, process, log, spec)
     finally:
         process.join(timeout=30)
         if process.is_alive():
@@ -48,8 +48,9 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
     return result
 
 
-def _relay(events, process, log) -> dict | None:
+def _relay(events, process, log, spec: RunSpec) -> dict | None:
     """Forwards the process's events until it reports its result or dies."""
+    progress = None
     while True:
         try:
             kind, payload = events.get(timeout=1.0)
@@ -61,6 +62,12 @@ def _relay(events, process, log) -> dict | None:
             getattr(log, payload[0])(payload[1])
         elif kind == "version":
             record_version(**payload)
+        elif kind == "progress":
+            step, version = payload
+            if progress is None:
+                progress = ProgressRecord(run_name=spec.name, step=step, version=version,
+                                          total_steps=spec.learner.steps)
+            progress.update(step, version)
         elif kind == "done":
             return payload
         elif kind == "error":
@@ -75,8 +82,8 @@ def _stop_orphaned_actors(client: Client, channels: Channels, n_actors: int, dra
         time.sleep(0.1)
 
 
-class _EventLog:
-    """A logger for the learner process: its lines are logged by the task, in Prefect."""
+class _Events:
+    """The learner process's logger and reporter: the task logs and records in Prefect."""
 
     def __init__(self, events):
         self._events = events
@@ -87,14 +94,20 @@ class _EventLog:
     def warning(self, message: str) -> None:
         self._events.put(("log", ("warning", message)))
 
+    def version(self, **fields) -> None:
+        self._events.put(("version", fields))
+
+    def progress(self, step: int, version: int) -> None:
+        self._events.put(("progress", (step, version)))
+
 
 def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, events) -> None:
     pid_file = spec.run_dir.resolve() / PID_FILE
     pid_file.write_text(str(os.getpid()))
     try:
         with Client(scheduler_address) as client:
-            session = Session(spec, client, channels, _EventLog(events),
-                              record=lambda **fields: events.put(("version", fields)))
+            relay = _Events(events)
+            session = Session(spec, client, channels, log=relay, reporter=relay)
             events.put(("done", session.run()))
     except BaseException as e:
         events.put(("error", f"{type(e).__name__}: {e}"))

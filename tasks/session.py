@@ -2,7 +2,7 @@
 
 Restore (or initialise) from the run directory, publish the weights, start the actors,
 then take groups, train, and every `sync.interval` steps publish a new version,
-checkpoint it and hand a record of it to `record` (the learner task's Prefect side).
+checkpoint it and hand a record of it to the `reporter` (the learner task's Prefect side).
 It runs in the learner's own process and touches no Prefect API itself.
 """
 
@@ -34,6 +34,7 @@ from tasks.intake import IntakeRules, Pace
 from tasks.metrics import MetricsLog, write_json_atomic
 from tasks.progress import StepMeter
 from tasks.sync import WeightPublisher
+from tasks.tensorboard import TensorBoardLog
 
 
 class RunSpec(Protocol):
@@ -54,11 +55,19 @@ class RunSpec(Protocol):
     def run_dir(self) -> Path: ...
 
 
-class Session:
-    """Args: `log` has .info/.warning; `record(**fields)` receives each version's record."""
+class Reporter(Protocol):
+    """Where a session's records go: Prefect, through the learner task."""
 
-    def __init__(self, spec: RunSpec, client: Client, channels: Channels, log, record):
-        self.spec, self.client, self.channels, self.log, self.record = spec, client, channels, log, record
+    def version(self, **fields) -> None: ...  # a committed checkpoint: `tasks.records.record_version`
+    def progress(self, step: int, version: int) -> None: ...  # after every step
+
+
+class Session:
+    """Args: `log` has .info/.warning; `reporter` receives versions and progress."""
+
+    def __init__(self, spec: RunSpec, client: Client, channels: Channels, log, reporter: Reporter):
+        self.spec, self.client, self.channels, self.log = spec, client, channels, log
+        self.reporter = reporter
         self.run_dir = spec.run_dir.resolve()
         self.checkpoints = Checkpoints(self.run_dir / "checkpoints", spec.checkpoint.keep)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
@@ -77,6 +86,7 @@ class Session:
 
     def run(self) -> dict:
         state, version = self._restore_or_init()
+        self.tensorboard = TensorBoardLog(self.run_dir / "tensorboard", resume_step=int(state.step))
         publisher = WeightPublisher(self.channels.weights, self.client)
         publisher.publish(version, params_numpy(state))
         actors: list = []
@@ -90,6 +100,7 @@ class Session:
             self._stop(actors, reader)
             write_json_atomic(self.run_dir / "accounting.json", self.rules.accounting())
             self.checkpoints.close()
+            self.tensorboard.close()
         return {"step": int(state.step), "version": version, "accounting": self.rules.accounting()}
 
     def _restore_or_init(self):
@@ -149,6 +160,8 @@ class Session:
             record = meter.record(step, version, groups, train_metrics, time.perf_counter() - start,
                                   reader, self.train_step.compiles, self.ledger)
             self.metrics.append(record)
+            self.tensorboard.add(record)
+            self.reporter.progress(step, version)
             if step % spec.sync.interval == 0:
                 version += 1
                 reader.version = version
@@ -188,7 +201,7 @@ class Session:
         """Waits for the checkpoint being written, then records it (Prefect sees only committed ones)."""
         self.checkpoints.wait()
         if self._uncommitted is not None:
-            self.record(**self._uncommitted)
+            self.reporter.version(**self._uncommitted)
             self._uncommitted = None
 
 
