@@ -52,6 +52,17 @@ class Batch:
         # Segment ids run 1..k in each row, so a row's largest id is its count.
         return int(self.segment_ids.max(axis=1).sum())
 
+    def split(self, parts: int) -> list["Batch"]:
+        """The rows in `parts` contiguous slices of equal size: the batch's minibatches."""
+        rows = self.shape[0]
+        if rows % parts:
+            raise ValueError(f"batch rows ({rows}) must be divisible by minibatches ({parts})")
+        size = rows // parts
+        return [
+            Batch(**{f.name: getattr(self, f.name)[i * size : (i + 1) * size] for f in dataclasses.fields(self)})
+            for i in range(parts)
+        ]
+
 
 def pack_rows(lengths: Sequence[int], length: int, rows: int) -> list[list[int]] | None:
     """First-fit decreasing: indices of the samples in each row, or None if they do not fit.

@@ -104,12 +104,36 @@ class OptimizerConfig(Frozen):
 
 
 class LossConfig(Frozen):
-    """Group-relative advantages and a token-level clipped policy objective."""
+    """Group-relative advantages and a token-level clipped policy objective.
+
+    objective: where the clip is centred and which importance weight multiplies it
+      (see `learner.losses.policy_loss`):
+      "ppo": around the behaviour policy that sampled the tokens (the actors').
+      "tis": truncated importance sampling: the clip is trivial (centred on the
+        current policy) and each token is weighted by min(pi / mu, is_cap).
+      "decoupled-ppo": around a proximal policy (the learner's weights when the
+        batch's first update starts), weighted by min(pi_prox / mu, is_cap).
+    is_cap: truncation of the behaviour importance weights; None = untruncated.
+    kl_coef: weight of a KL penalty to the initial policy (0 = off; > 0 keeps a
+      frozen copy of the initial parameters in the train state).
+    """
 
     normalize_std: bool = True  # False: Dr. GRPO (advantage = reward - group mean)
     clip_low: float = Field(0.2, ge=0)  # ratio clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = Field(0.2, ge=0)
     aggregation: Literal["token-mean", "sequence-mean"] = "token-mean"
+    objective: Literal["ppo", "tis", "decoupled-ppo"] = "ppo"
+    is_cap: float | None = Field(None, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _cap_has_a_weight_to_cap(self) -> "LossConfig":
+        if self.is_cap is not None and self.objective == "ppo":
+            raise ValueError(
+                "is_cap: objective 'ppo' has no importance weight to truncate (its clip is "
+                "around the behaviour policy); use 'tis' or 'decoupled-ppo'"
+            )
+        return self
 
 
 class MeshConfig(Frozen):
@@ -128,12 +152,22 @@ class MeshConfig(Frozen):
 
 
 class LearnerConfig(Frozen):
+    """The learner: batch size and shape, optimizer, loss, mesh and hosts.
+
+    One batch (`batch_groups` groups) yields `minibatches * epochs` steps, each one
+    optimizer update on a `rows / minibatches` slice of its rows.
+    """
+
     steps: PositiveInt = 200
-    batch_groups: PositiveInt = 4  # groups per learner step
+    batch_groups: PositiveInt = 4  # groups per batch
     optimizer: OptimizerConfig = OptimizerConfig()
     loss: LossConfig = LossConfig()
     mesh: MeshConfig = MeshConfig()
     buckets: tuple[PositiveInt, ...] = (64, 128)  # padded sequence lengths, one compile each
+    rows: PositiveInt | None = None  # rows per batch, samples packed into them; None: one per sample
+    minibatches: PositiveInt = 1  # optimizer updates per pass over a batch
+    epochs: PositiveInt = 1  # passes over each batch
+    hosts: PositiveInt = 1  # processes of a multi-host learner (jax.distributed)
     # "sync": the baseline that waits: generate a batch with the latest weights, train on
     # it, publish, repeat (publishes every step; needs sync.interval 1).
     mode: Literal["async", "sync"] = "async"
@@ -146,3 +180,17 @@ class LearnerConfig(Frozen):
         if list(buckets) != sorted(set(buckets)):
             raise ValueError("bucket lengths must be strictly increasing")
         return buckets
+
+    @model_validator(mode="after")
+    def _rows_split_into_minibatches(self) -> "LearnerConfig":
+        if self.rows is not None and self.rows % self.minibatches:
+            raise ValueError(f"rows ({self.rows}) must be divisible by minibatches ({self.minibatches})")
+        return self
+
+    @property
+    def updates_per_batch(self) -> int:
+        return self.minibatches * self.epochs
+
+    def batch_rows(self, samples_per_batch: int) -> int:
+        """Rows of every batch: `rows` if set, else one row per sample."""
+        return samples_per_batch if self.rows is None else self.rows

@@ -1,4 +1,4 @@
-"""Group-relative advantages and the token-level clipped policy objective.
+"""Group-relative advantages and the token-level clipped policy objectives.
 
 Pure functions over [R, L] arrays laid out as `learner.batching.Batch` lays them
 out: R packed rows of L tokens, `segment_ids` telling the sequences of a row apart.
@@ -10,6 +10,9 @@ import jax
 import jax.numpy as jnp
 
 from learner.config import LossConfig
+
+# Mesh axes a reduction runs over inside `jax.shard_map`; None outside it.
+AxisName = str | tuple[str, ...] | None
 
 
 def _check_same_shape(ndim: int, **arrays) -> None:
@@ -56,13 +59,21 @@ def token_entropy(logits: jax.Array) -> jax.Array:
     return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
-def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean of `x` where `mask` is 1; 0 when the mask is empty."""
-    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+def _psum(x: jax.Array, axis_name: AxisName) -> jax.Array:
+    return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
-def sequence_mean(x: jax.Array, mask: jax.Array, segment_ids: jax.Array) -> jax.Array:
-    """Mean over the masked tokens of each sequence, then over sequences with any.
+def masked_mean(x: jax.Array, mask: jax.Array, axis_name: AxisName = None) -> jax.Array:
+    """Mean of `x` where `mask` is 1; 0 when the mask is empty.
+
+    With `axis_name` (inside `jax.shard_map`), over the tokens of every device of
+    those mesh axes: the result is the same on all of them.
+    """
+    return _psum(jnp.sum(x * mask), axis_name) / jnp.maximum(_psum(jnp.sum(mask), axis_name), 1.0)
+
+
+def _sequence_sums(x: jax.Array, mask: jax.Array, segment_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sum of per-sequence means, number of sequences with any masked token).
 
     A sequence is a (row, segment id) pair; its id in a flat segment sum is
     row * (L + 1) + segment id, which needs no bound on the sequences per row.
@@ -73,8 +84,65 @@ def sequence_mean(x: jax.Array, mask: jax.Array, segment_ids: jax.Array) -> jax.
     sums = jax.ops.segment_sum((x * mask).reshape(-1), ids, num_segments=n)
     counts = jax.ops.segment_sum(mask.reshape(-1), ids, num_segments=n)
     has_tokens = (counts > 0).astype(x.dtype)
-    per_sequence = sums / jnp.maximum(counts, 1.0)
-    return jnp.sum(per_sequence * has_tokens) / jnp.maximum(jnp.sum(has_tokens), 1.0)
+    return jnp.sum(sums / jnp.maximum(counts, 1.0) * has_tokens), jnp.sum(has_tokens)
+
+
+def sequence_mean(x: jax.Array, mask: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """Mean over the masked tokens of each sequence, then over sequences with any."""
+    total, sequences = _sequence_sums(x, mask, segment_ids)
+    return total / jnp.maximum(sequences, 1.0)
+
+
+def aggregate_share(
+    x: jax.Array, mask: jax.Array, segment_ids: jax.Array, aggregation: str, axis_name: AxisName = None
+) -> jax.Array:
+    """This device's share of the token- or sequence-mean of `x` over all devices.
+
+    The numerator is local and the denominator (tokens or sequences) global, so
+    the shares of the devices of `axis_name` sum to the mean over all of them and
+    the gradient of a share is this device's part of the gradient of the mean.
+    Without `axis_name` it is the mean itself.
+    """
+    if aggregation == "token-mean":
+        total, count = jnp.sum(x * mask), jnp.sum(mask)
+    elif aggregation == "sequence-mean":
+        total, count = _sequence_sums(x, mask, segment_ids)
+    else:
+        raise ValueError(f"aggregation must be 'token-mean' or 'sequence-mean', got {aggregation!r}")
+    return total / jnp.maximum(_psum(jax.lax.stop_gradient(count), axis_name), 1.0)
+
+
+def importance_weights(
+    anchor_logprobs: jax.Array, behaviour_logprobs: jax.Array, is_cap: float | None
+) -> jax.Array:
+    """min(pi_anchor / mu, is_cap), without gradient: the truncated IS weight of each token.
+
+    Reference: Espeholt et al. 2018 (IMPALA's truncated rho); Yao et al. 2025
+    (truncated importance sampling against a stale or mismatched sampler).
+    """
+    weights = jnp.exp(jax.lax.stop_gradient(anchor_logprobs) - behaviour_logprobs)
+    return weights if is_cap is None else jnp.minimum(weights, is_cap)
+
+
+def reference_kl(logprobs: jax.Array, reference_logprobs: jax.Array) -> jax.Array:
+    """[R, L] per-token KL(pi || pi_ref) estimate exp(d) - d - 1, d = log pi_ref - log pi.
+
+    Reference: Schulman 2020, "Approximating KL divergence" (k3; unbiased, >= 0),
+    as in GRPO.
+    """
+    d = reference_logprobs - logprobs
+    return jnp.exp(d) - d - 1.0
+
+
+def _anchor(logprobs, behaviour_logprobs, proximal_logprobs, objective: str) -> jax.Array:
+    """The log-probs the clip is centred on, by `LossConfig.objective`."""
+    if objective == "ppo":
+        return behaviour_logprobs
+    if objective == "tis":
+        return jax.lax.stop_gradient(logprobs)
+    if proximal_logprobs is None:
+        raise ValueError("objective 'decoupled-ppo' needs proximal_logprobs")
+    return proximal_logprobs
 
 
 def policy_loss(
@@ -84,11 +152,23 @@ def policy_loss(
     loss_mask: jax.Array,
     segment_ids: jax.Array,
     config: LossConfig,
+    *,
+    proximal_logprobs: jax.Array | None = None,
+    reference_logprobs: jax.Array | None = None,
+    axis_name: AxisName = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Token-level clipped surrogate loss (PPO's objective, as in GRPO and DAPO).
+    """Token-level clipped surrogate with truncated importance weights and a KL penalty.
 
-    References: Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO: token-mean
-    aggregation and separate clip_low / clip_high).
+    Per token, with ratio r = pi / pi_anchor and weight w = min(pi_anchor / mu, is_cap):
+      objective = w * min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A),
+    where pi_anchor is mu (the behaviour policy) for "ppo", pi itself without
+    gradient for "tis" (so r = 1 and the gradient is w * A * grad log pi), and the
+    proximal policy for "decoupled-ppo". loss = -aggregate(objective) +
+    kl_coef * aggregate(KL(pi || pi_ref)).
+
+    References: Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO: token-mean and
+    separate clip_low / clip_high); Hilton et al. 2022 (decoupled PPO, as in
+    AReaL, Fu et al. 2025); Shao et al. 2024 (GRPO's KL to a reference).
 
     Args:
       logprobs: [R, L] log-probs of the targets under the policy being trained.
@@ -96,12 +176,16 @@ def policy_loss(
       advantages: [R, L] advantage of each token's sequence.
       loss_mask: [R, L] 1 on the tokens to train (generated by the policy), else 0.
       segment_ids: int [R, L] sequence of each token within its row, 0 = padding.
-      config: clipping range and aggregation ("token-mean" or "sequence-mean").
+      config: objective, clipping range, is_cap, kl_coef and aggregation.
+      proximal_logprobs: [R, L] log-probs under the proximal policy ("decoupled-ppo").
+      reference_logprobs: [R, L] log-probs under the reference policy (kl_coef > 0).
+      axis_name: mesh axes the batch's rows are split over, inside `jax.shard_map`.
 
     Returns:
-      (loss, metrics): the scalar loss -aggregate(min(ratio * A, clip(ratio) * A))
-      and scalar metrics clip_fraction, ratio_mean, ratio_max, approx_kl and
-      advantage_mean over the masked tokens.
+      (loss, metrics): the scalar loss (with `axis_name`, this device's share of
+      it: see `aggregate_share`) and scalar metrics over the masked tokens of all
+      devices: clip_fraction, ratio_mean, ratio_max (of r), is_weight_mean,
+      is_capped_fraction, approx_kl (mu to pi), kl_ref and advantage_mean.
     """
     _check_same_shape(
         2,
@@ -111,21 +195,38 @@ def policy_loss(
         loss_mask=loss_mask,
         segment_ids=segment_ids,
     )
+    if config.kl_coef > 0 and reference_logprobs is None:
+        raise ValueError("kl_coef > 0 needs reference_logprobs")
     mask = loss_mask.astype(jnp.float32)
-    log_ratio = logprobs - behaviour_logprobs
-    ratio = jnp.exp(log_ratio)
+    anchor = _anchor(logprobs, behaviour_logprobs, proximal_logprobs, config.objective)
+    weights = importance_weights(anchor, behaviour_logprobs, config.is_cap)
+    ratio = jnp.exp(logprobs - anchor)
     unclipped = ratio * advantages
     clipped = jnp.clip(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high) * advantages
-    objective = jnp.minimum(unclipped, clipped)
-    if config.aggregation == "token-mean":
-        loss = -masked_mean(objective, mask)
-    else:
-        loss = -sequence_mean(objective, mask, segment_ids)
-    metrics = {
-        "clip_fraction": masked_mean((clipped < unclipped).astype(jnp.float32), mask),
-        "ratio_mean": masked_mean(ratio, mask),
-        "ratio_max": jnp.max(jnp.where(mask > 0, ratio, 0.0)),
-        "approx_kl": masked_mean(-log_ratio, mask),
-        "advantage_mean": masked_mean(advantages, mask),
+    objective = weights * jnp.minimum(unclipped, clipped)
+    loss = -aggregate_share(objective, mask, segment_ids, config.aggregation, axis_name)
+    kl = jnp.zeros_like(logprobs) if reference_logprobs is None else reference_kl(logprobs, reference_logprobs)
+    if config.kl_coef > 0:
+        loss += config.kl_coef * aggregate_share(kl, mask, segment_ids, config.aggregation, axis_name)
+    stats = jax.lax.stop_gradient((ratio, unclipped, clipped, weights, kl, logprobs))
+    metrics = _metrics(*stats, anchor, behaviour_logprobs, advantages, mask, axis_name)
+    return loss, metrics
+
+
+def _metrics(ratio, unclipped, clipped, weights, kl, logprobs, anchor, behaviour, advantages, mask, axis_name):
+    """The scalar metrics `policy_loss` reports (inputs without gradient)."""
+    uncapped = jnp.exp(jax.lax.stop_gradient(anchor) - behaviour)
+    return {
+        "clip_fraction": masked_mean((clipped < unclipped).astype(jnp.float32), mask, axis_name),
+        "ratio_mean": masked_mean(ratio, mask, axis_name),
+        "ratio_max": _pmax(jnp.max(jnp.where(mask > 0, ratio, 0.0)), axis_name),
+        "is_weight_mean": masked_mean(weights, mask, axis_name),
+        "is_capped_fraction": masked_mean((weights < uncapped).astype(jnp.float32), mask, axis_name),
+        "approx_kl": masked_mean(behaviour - logprobs, mask, axis_name),
+        "kl_ref": masked_mean(kl, mask, axis_name),
+        "advantage_mean": masked_mean(advantages, mask, axis_name),
     }
-    return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
+
+
+def _pmax(x: jax.Array, axis_name: AxisName) -> jax.Array:
+    return x if axis_name is None else jax.lax.pmax(x, axis_name)

@@ -3,7 +3,13 @@
 Mesh axes: "data" (batch rows), "fsdp" (batch rows, and every weight matrix split
 along one dimension, gathered when used) and "tensor" (Megatron-style: attention
 heads and the MLP hidden units split; column-parallel projections into them,
-row-parallel projections out). jit's sharding propagation inserts the collectives.
+row-parallel projections out).
+
+The data/FSDP pattern is explicit: the train step runs its forward and backward
+pass in a `jax.shard_map` that is manual over "data" and "fsdp", all-gathers each
+weight over "fsdp" (`gather_weights`) and reduce-scatters its gradient back to the
+weight's shards (`reduce_gradients`). "tensor" stays automatic inside it: XLA's
+sharding propagation places the tensor-parallel collectives.
 """
 
 from __future__ import annotations
@@ -58,16 +64,15 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def weight_spec(names: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
     """Partition spec of one weight, from its path in the params dict and its shape.
 
-    Vectors (norm scales) are replicated. A matrix is split over "tensor" along the
-    dimension `_TENSOR_DIM` names for its module, if that dimension divides, and over
-    "fsdp" along its largest remaining dimension that divides. Axes of size 1 are
-    left out, so the spec names only real splits.
+    A matrix is split over "tensor" along the dimension `_TENSOR_DIM` names for its
+    module, if that dimension divides. Every weight, vectors (norm scales) too, is
+    split over "fsdp" along its largest remaining dimension that divides, so each
+    parameter is stored once per fsdp x tensor devices. Axes of size 1 are left
+    out, so the spec names only real splits.
     """
-    if len(shape) < 2:
-        return P()
     spec: list[str | None] = [None] * len(shape)
     tensor, fsdp = mesh.shape["tensor"], mesh.shape["fsdp"]
-    tensor_dim = _TENSOR_DIM.get(names[-2]) if len(names) >= 2 else None
+    tensor_dim = _TENSOR_DIM.get(names[-2]) if len(names) >= 2 and len(shape) == 2 else None
     if tensor > 1 and tensor_dim is not None and shape[tensor_dim] % tensor == 0:
         spec[tensor_dim] = "tensor"
     free = [d for d in range(len(shape)) if spec[d] is None and shape[d] % fsdp == 0]
@@ -97,3 +102,38 @@ def opt_state_shardings(
         params_sharding,
         transform_non_params=lambda _: replicated(mesh),
     )
+
+
+def fsdp_dim(spec: P) -> int | None:
+    """The dimension of a weight that "fsdp" splits, or None if it is whole on each device."""
+    return next((d for d, axis in enumerate(spec) if axis == "fsdp"), None)
+
+
+def manual_spec(spec: P) -> P:
+    """The part of `spec` a shard_map manual over the batch axes names: "tensor" left out."""
+    return P(*(axis if axis == "fsdp" else None for axis in spec))
+
+
+def gather_weights(shards: Any, shardings: Any) -> Any:
+    """Inside the shard_map: each weight all-gathered over "fsdp" to its whole (per tensor shard)."""
+
+    def gather(shard, sharding):
+        dim = fsdp_dim(sharding.spec)
+        return shard if dim is None else jax.lax.all_gather(shard, "fsdp", axis=dim, tiled=True)
+
+    return jax.tree.map(gather, shards, shardings)
+
+
+def reduce_gradients(grads: Any, shardings: Any) -> Any:
+    """Inside the shard_map: per-device gradients of whole weights, summed over the batch
+    axes and left split as the weights are (a reduce-scatter over "fsdp", an all-reduce
+    over "data"; a weight that "fsdp" does not split is all-reduced over both)."""
+
+    def reduce(grad, sharding):
+        dim = fsdp_dim(sharding.spec)
+        if dim is None:
+            return jax.lax.psum(grad, BATCH_AXES)
+        grad = jax.lax.psum_scatter(grad, "fsdp", scatter_dimension=dim, tiled=True)
+        return jax.lax.psum(grad, "data")
+
+    return jax.tree.map(reduce, grads, shardings)

@@ -1,33 +1,44 @@
 """The sharded train step: one optimizer update of the policy on a packed batch.
 
-`train_step` is a pure module-level function; `TrainStep` jits it once for a mesh,
-with the state's shardings as its input and output shardings and the state donated,
-so steps run without resharding or copying and compile once per bucket length.
+`train_step` is a pure module-level function. Its forward and backward pass run in
+a `jax.shard_map` over the batch axes (weights all-gathered over "fsdp", gradients
+reduce-scattered back: see `learner.sharding`); the optimizer then updates each
+shard where it lives. `TrainStep` jits it once for a mesh, with the state's
+shardings as input and output shardings and the state donated, so steps run
+without resharding or copying and compile once per batch shape (bucket length).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
-from learner import losses, sharding
+from learner import losses, multihost, sharding
 from learner.batching import Batch
 from learner.config import LearnerConfig, LossConfig, ModelConfig, OptimizerConfig
 from learner.model import Forward, Params, forward_fn, init_params
 
 
 class TrainState(NamedTuple):
-    """Everything an update changes; a pure pytree, so Orbax saves and restores it as is."""
+    """Everything an update changes; a pure pytree, so Orbax saves and restores it as is.
+
+    `reference` is a frozen copy of the initial parameters, kept only when the loss
+    has a KL penalty (`loss.kl_coef > 0`): it costs one more copy of the parameters,
+    sharded like them (params bytes / (fsdp * tensor) per device), and a forward
+    pass per step; None otherwise.
+    """
 
     params: Params
     opt_state: optax.OptState
     step: jax.Array  # int32 scalar: optimizer updates so far
+    reference: Params | None = None
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
@@ -40,26 +51,30 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
 
 
-def _init(model_config: ModelConfig, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
+def _init(model_config: ModelConfig, optimizer, keep_reference: bool, seed) -> TrainState:
     params = init_params(model_config, seed)
-    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    # A copy, not the same arrays: the state is donated, and the reference must outlive it.
+    reference = jax.tree.map(jnp.copy, params) if keep_reference else None
+    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), reference)
 
 
-def _state_shardings(abstract_state: TrainState, optimizer: optax.GradientTransformation, mesh: Mesh):
-    params = sharding.param_shardings(abstract_state.params, mesh)
-    opt_state = sharding.opt_state_shardings(optimizer, abstract_state.opt_state, params, mesh)
-    return TrainState(params, opt_state, sharding.replicated(mesh))
-
-
-def _abstract_and_shardings(model_config: ModelConfig, optimizer: optax.GradientTransformation, mesh: Mesh):
-    abstract = jax.eval_shape(functools.partial(_init, model_config, optimizer, 0))
-    return abstract, _state_shardings(abstract, optimizer, mesh)
+def _abstract_and_shardings(model_config: ModelConfig, learner_config: LearnerConfig, mesh: Mesh):
+    optimizer = make_optimizer(learner_config.optimizer)
+    keep_reference = learner_config.loss.kl_coef > 0
+    abstract = jax.eval_shape(functools.partial(_init, model_config, optimizer, keep_reference, 0))
+    params = sharding.param_shardings(abstract.params, mesh)
+    opt_state = sharding.opt_state_shardings(optimizer, abstract.opt_state, params, mesh)
+    shardings = TrainState(params, opt_state, sharding.replicated(mesh), params if keep_reference else None)
+    return abstract, shardings
 
 
 def abstract_train_state(model_config: ModelConfig, learner_config: LearnerConfig, mesh: Mesh) -> TrainState:
-    """The state's shapes, dtypes and shardings (ShapeDtypeStructs): the target of an Orbax restore."""
-    optimizer = make_optimizer(learner_config.optimizer)
-    abstract, shardings = _abstract_and_shardings(model_config, optimizer, mesh)
+    """The state's shapes, dtypes and shardings (ShapeDtypeStructs): the target of an Orbax restore.
+
+    Restoring onto a different mesh than the one saved from only needs this state's
+    `mesh`: Orbax reads each shard of the new layout from the saved arrays.
+    """
+    abstract, shardings = _abstract_and_shardings(model_config, learner_config, mesh)
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
@@ -67,15 +82,83 @@ def init_train_state(
     model_config: ModelConfig, learner_config: LearnerConfig, *, seed: int, mesh: Mesh
 ) -> TrainState:
     """A fresh state, created directly in its shards (no full copy on one device)."""
+    _, shardings = _abstract_and_shardings(model_config, learner_config, mesh)
     optimizer = make_optimizer(learner_config.optimizer)
-    _, shardings = _abstract_and_shardings(model_config, optimizer, mesh)
-    init = jax.jit(functools.partial(_init, model_config, optimizer), out_shardings=shardings)
+    keep_reference = learner_config.loss.kl_coef > 0
+    init = jax.jit(functools.partial(_init, model_config, optimizer, keep_reference), out_shardings=shardings)
     return init(jnp.int32(seed))
 
 
 def params_numpy(state: TrainState) -> dict[str, Any]:
     """The parameters as NumPy arrays on the host: what is published to the actors."""
-    return jax.device_get(state.params)
+    return multihost.host_numpy(state.params)
+
+
+def _sequence_logprobs(forward: Forward, params: Params, batch: dict[str, jax.Array]) -> jax.Array:
+    logits = forward(params, batch["tokens"], batch["positions"], batch["segment_ids"])
+    return losses.token_logprobs(logits, batch["targets"])
+
+
+def proximal_logprobs(params: Params, batch: dict[str, jax.Array], *, forward: Forward) -> jax.Array:
+    """[R, L] log-probs of the batch's targets under `params`: the proximal policy's."""
+    return _sequence_logprobs(forward, params, batch)
+
+
+def _device_loss(params, reference, batch, *, forward: Forward, loss_config: LossConfig):
+    """This device's share of the loss on its rows, and metrics over all rows."""
+    logits = forward(params, batch["tokens"], batch["positions"], batch["segment_ids"])
+    logprobs = losses.token_logprobs(logits, batch["targets"])
+    # Without recomputed proximal log-probs this update is the batch's first, so the
+    # weights now are the proximal policy's (the weights at the start of the step).
+    proximal = batch.get("proximal_logprobs", jax.lax.stop_gradient(logprobs))
+    reference_logprobs = None
+    if reference is not None:
+        reference_logprobs = jax.lax.stop_gradient(_sequence_logprobs(forward, reference, batch))
+    loss, metrics = losses.policy_loss(
+        logprobs,
+        batch["behaviour_logprobs"],
+        batch["advantages"],
+        batch["loss_mask"],
+        batch["segment_ids"],
+        loss_config,
+        proximal_logprobs=proximal,
+        reference_logprobs=reference_logprobs,
+        axis_name=sharding.BATCH_AXES,
+    )
+    entropy = losses.token_entropy(jax.lax.stop_gradient(logits))
+    return loss, {**metrics, "entropy": losses.masked_mean(entropy, batch["loss_mask"], sharding.BATCH_AXES)}
+
+
+def _device_gradients(params, reference, batch, *, shardings, **loss_kwargs):
+    """Runs on each device's shards (inside shard_map): gather, differentiate, reduce-scatter."""
+    whole = sharding.gather_weights(params, shardings)
+    whole_reference = None if reference is None else sharding.gather_weights(reference, shardings)
+    grad_fn = jax.value_and_grad(_device_loss, has_aux=True)
+    (loss_share, metrics), grads = grad_fn(whole, whole_reference, batch, **loss_kwargs)
+    metrics = {
+        **metrics,
+        "loss": jax.lax.psum(loss_share, sharding.BATCH_AXES),
+        "tokens": jax.lax.psum(jnp.sum(batch["loss_mask"]), sharding.BATCH_AXES),
+    }
+    return sharding.reduce_gradients(grads, shardings), metrics
+
+
+def _gradients(state: TrainState, batch, *, forward, loss_config, mesh):
+    """Gradients (sharded as the params) and metrics, the data/FSDP collectives explicit."""
+    shardings = sharding.param_shardings(state.params, mesh)
+    weight_specs = jax.tree.map(lambda s: sharding.manual_spec(s.spec), shardings)
+    reference_specs = None if state.reference is None else weight_specs
+    batch_specs = {name: P(sharding.BATCH_AXES, None) for name in batch}
+    device_fn = functools.partial(_device_gradients, shardings=shardings, forward=forward, loss_config=loss_config)
+    # check_vma off: every cross-device sum is written out, none left for AD to insert.
+    return jax.shard_map(
+        device_fn,
+        mesh=mesh,
+        in_specs=(weight_specs, reference_specs, batch_specs),
+        out_specs=(weight_specs, P()),
+        axis_names=set(sharding.BATCH_AXES),
+        check_vma=False,
+    )(state.params, state.reference, batch)
 
 
 def train_step(
@@ -85,78 +168,97 @@ def train_step(
     forward: Forward,
     optimizer: optax.GradientTransformation,
     loss_config: LossConfig,
+    mesh: Mesh,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One update of the policy on a packed batch (the fields of `Batch`, as a dict).
+
+    `batch` may add "proximal_logprobs" ([R, L], from `proximal_logprobs`) for the
+    later updates of a batch under "decoupled-ppo".
 
     Returns:
       (new state, scalar metrics): the policy-loss metrics plus loss, entropy (mean
       over trained tokens), grad_norm (before clipping) and tokens (trained tokens).
     """
-
-    def loss_fn(params):
-        logits = forward(params, batch["tokens"], batch["positions"], batch["segment_ids"])
-        logprobs = losses.token_logprobs(logits, batch["targets"])
-        loss, metrics = losses.policy_loss(
-            logprobs,
-            batch["behaviour_logprobs"],
-            batch["advantages"],
-            batch["loss_mask"],
-            batch["segment_ids"],
-            loss_config,
-        )
-        entropy = losses.token_entropy(jax.lax.stop_gradient(logits))
-        return loss, {**metrics, "entropy": losses.masked_mean(entropy, batch["loss_mask"])}
-
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    grads, metrics = _gradients(state, batch, forward=forward, loss_config=loss_config, mesh=mesh)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {
-        **metrics,
-        "loss": loss,
-        "grad_norm": optax.tree.norm(grads),
-        "tokens": jnp.sum(batch["loss_mask"]),
-    }
-    return TrainState(params, opt_state, state.step + 1), metrics
+    metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
+    return TrainState(params, opt_state, state.step + 1, state.reference), metrics
 
 
 class TrainStep:
     """`train_step` jitted for one model, learner config and mesh.
 
     Call it with a state from `init_train_state` (or restored onto the same mesh)
-    and a `Batch`; the state passed in is donated and must not be used again.
+    and a `Batch`; the state passed in is donated and must not be used again. With
+    several hosts, each passes the rows it feeds (`multihost.host_batch`).
     """
 
     def __init__(self, model_config: ModelConfig, learner_config: LearnerConfig, mesh: Mesh):
-        optimizer = make_optimizer(learner_config.optimizer)
-        _, state_shardings = _abstract_and_shardings(model_config, optimizer, mesh)
+        _, state_shardings = _abstract_and_shardings(model_config, learner_config, mesh)
+        forward = forward_fn(model_config)
         step = functools.partial(
             train_step,
-            forward=forward_fn(model_config),
-            optimizer=optimizer,
+            forward=forward,
+            optimizer=make_optimizer(learner_config.optimizer),
             loss_config=learner_config.loss,
+            mesh=mesh,
         )
+        self._config = learner_config
+        self._batch_sharding = sharding.batch_sharding(mesh)
         self._batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
         self._jitted = jax.jit(
             step,
-            in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+            in_shardings=(state_shardings, self._batch_sharding),
             out_shardings=(state_shardings, sharding.replicated(mesh)),
             donate_argnums=0,
+        )
+        self._proximal = jax.jit(
+            functools.partial(proximal_logprobs, forward=forward),
+            in_shardings=(state_shardings.params, self._batch_sharding),
+            out_shardings=self._batch_sharding,
         )
 
     @property
     def compiles(self) -> int:
-        """Compilations so far: one per distinct batch shape (bucket) seen."""
+        """Compilations of the update so far: one per distinct batch shape (bucket) seen."""
         # jit's own cache of compiled executables (private, but what jit consults
         # before compiling; tests/learner/test_train.py pins its meaning).
         return self._jitted._cache_size()
 
-    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, float]]:
-        rows = batch.shape[0]
+    def _device_batch(self, batch: Batch) -> dict[str, jax.Array]:
+        rows = batch.shape[0] * jax.process_count()
         if rows % self._batch_shards:
             raise ValueError(
                 f"batch rows ({rows}) must be divisible by mesh data x fsdp ({self._batch_shards})"
             )
         arrays = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+        return multihost.global_batch(arrays, self._batch_sharding)
+
+    def __call__(
+        self, state: TrainState, batch: Batch, *, proximal_logprobs: jax.Array | None = None
+    ) -> tuple[TrainState, dict[str, float]]:
+        """One optimizer update on the whole of `batch`."""
+        arrays = self._device_batch(batch)
+        if proximal_logprobs is not None:
+            arrays["proximal_logprobs"] = proximal_logprobs
         state, metrics = self._jitted(state, arrays)
         metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
         return state, {**metrics, "padding": batch.padding}
+
+    def updates(self, state: TrainState, batch: Batch) -> Iterator[tuple[TrainState, dict[str, float]]]:
+        """The `minibatches * epochs` updates of one batch, one step each, in order.
+
+        Each minibatch is a contiguous slice of the rows, visited in the same order
+        every epoch. Under "decoupled-ppo" the proximal log-probs of every minibatch
+        are computed first, with the weights of the batch's first update. Yields
+        (state, metrics) after each update; only the latest state may be used.
+        """
+        minibatches = batch.split(self._config.minibatches)
+        proximal: list[jax.Array | None] = [None] * len(minibatches)
+        if self._config.loss.objective == "decoupled-ppo" and self._config.updates_per_batch > 1:
+            proximal = [self._proximal(state.params, self._device_batch(mb)) for mb in minibatches]
+        for _ in range(self._config.epochs):
+            for minibatch, minibatch_proximal in zip(minibatches, proximal):
+                state, metrics = self(state, minibatch, proximal_logprobs=minibatch_proximal)
+                yield state, metrics

@@ -99,3 +99,12 @@ def test_every_sample_is_packed_once_and_intact(lengths, rows):
     for i, sample in enumerate(samples):
         np.testing.assert_array_equal(recovered[i], sample.tokens)
     assert batch.padding == pytest.approx(1 - sum(lengths) / batch.tokens.size)
+
+
+def test_split_gives_contiguous_minibatches_of_rows():
+    batch = make_batch([C, A, B, C], [0.0] * 4, buckets=(8,), rows=4)
+    halves = batch.split(2)
+    assert [h.shape for h in halves] == [(2, 8), (2, 8)]
+    np.testing.assert_array_equal(np.concatenate([h.tokens for h in halves]), batch.tokens)
+    with pytest.raises(ValueError, match=r"rows \(4\) must be divisible by minibatches \(3\)"):
+        batch.split(3)

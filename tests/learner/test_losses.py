@@ -125,3 +125,115 @@ def test_token_logprobs_and_entropy_match_numpy():
     np.testing.assert_allclose(token_entropy(jnp.asarray(logits)), -(np.exp(logp) * logp).sum(-1), rtol=1e-5)
     with pytest.raises(ValueError, match="targets"):
         token_logprobs(jnp.asarray(logits), jnp.asarray(targets[:, :2]))
+
+
+# Off-policy corrections on one row of four trained tokens. The behaviour policy mu
+# is stale: pi / mu is 0.5, 1, 4 and 10, so with is_cap=2 the last two are capped.
+PI_OVER_MU = np.array([[0.5, 1.0, 4.0, 10.0]], np.float32)
+OFF_ADVANTAGES = np.array([[1.0, -1.0, 1.0, -1.0]], np.float32)
+OFF_MASK = np.ones((1, 4), np.float32)
+OFF_SEGMENTS = np.ones((1, 4), np.int32)
+OFF_BEHAVIOUR = np.full((1, 4), -2.0, np.float32)
+OFF_LOGPROBS = OFF_BEHAVIOUR + np.log(PI_OVER_MU)
+# decoupled PPO: pi_prox / mu and pi / pi_prox.
+PROX_OVER_MU = np.array([[1.0, 2.0, 4.0, 0.5]], np.float32)
+PI_OVER_PROX = np.array([[1.5, 0.5, 1.0, 1.1]], np.float32)
+PROX_LOGPROBS = OFF_BEHAVIOUR + np.log(PROX_OVER_MU)
+PROX_CURRENT = PROX_LOGPROBS + np.log(PI_OVER_PROX)
+
+
+def _reference_loss(logprobs, behaviour, advantages, mask, config, proximal=None, reference=None):
+    """NumPy policy_loss, token-mean."""
+    anchor = {"ppo": behaviour, "tis": logprobs, "decoupled-ppo": proximal}[config.objective]
+    weights = np.exp(anchor - behaviour)
+    if config.is_cap is not None:
+        weights = np.minimum(weights, config.is_cap)
+    ratio = np.exp(logprobs - anchor)
+    clipped = np.clip(ratio, 1 - config.clip_low, 1 + config.clip_high)
+    objective = weights * np.minimum(ratio * advantages, clipped * advantages)
+    loss = -np.sum(objective * mask) / mask.sum()
+    if config.kl_coef:
+        d = reference - logprobs
+        loss += config.kl_coef * np.sum((np.exp(d) - d - 1) * mask) / mask.sum()
+    return loss
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_truncated_importance_sampling_caps_stale_tokens(jitted):
+    config = CONFIG.model_copy(update={"objective": "tis", "is_cap": 2.0})
+    args = (OFF_LOGPROBS, OFF_BEHAVIOUR, OFF_ADVANTAGES, OFF_MASK, OFF_SEGMENTS)
+    loss, metrics = _run(jitted, policy_loss, *args, config=config)
+    # Weights 0.5, 1, 2 (4 capped), 2 (10 capped); the ratio to pi itself is 1, never clipped.
+    by_hand = -np.mean([0.5 * 1, 1 * -1, 2 * 1, 2 * -1])
+    np.testing.assert_allclose(loss, by_hand, rtol=1e-5)
+    np.testing.assert_allclose(loss, _reference_loss(*args[:4], config), rtol=1e-5)
+    np.testing.assert_allclose(metrics["is_capped_fraction"], 0.5, rtol=1e-6)
+    np.testing.assert_allclose(metrics["is_weight_mean"], (0.5 + 1 + 2 + 2) / 4, rtol=1e-5)
+    np.testing.assert_allclose(metrics["clip_fraction"], 0.0, atol=1e-7)
+
+
+def test_truncated_importance_sampling_gradient_is_the_weighted_policy_gradient():
+    config = CONFIG.model_copy(update={"objective": "tis", "is_cap": 2.0})
+    grad = jax.grad(lambda lp: policy_loss(lp, OFF_BEHAVIOUR, OFF_ADVANTAGES, OFF_MASK, OFF_SEGMENTS, config)[0])
+    # d/dlogp of -mean(w * A * log pi), w held fixed.
+    want = -np.array([[0.5 * 1, 1 * -1, 2 * 1, 2 * -1]]) / 4
+    np.testing.assert_allclose(grad(jnp.asarray(OFF_LOGPROBS)), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_decoupled_ppo_clips_around_the_proximal_policy_and_caps_its_weight(jitted):
+    config = CONFIG.model_copy(update={"objective": "decoupled-ppo", "is_cap": 3.0})
+    args = (PROX_CURRENT, OFF_BEHAVIOUR, OFF_ADVANTAGES, OFF_MASK, OFF_SEGMENTS)
+    loss, metrics = _run(jitted, policy_loss, *args, config=config, proximal_logprobs=PROX_LOGPROBS)
+    # Weights 1, 2, 3 (4 capped), 0.5; objectives min(r A, clip(r) A): 1.28 (clipped
+    # high), -0.8 (0.5 clipped low, A < 0), 1, -1.1.
+    by_hand = -np.mean([1 * 1.28, 2 * -0.8, 3 * 1.0, 0.5 * -1.1])
+    np.testing.assert_allclose(loss, by_hand, rtol=1e-5)
+    np.testing.assert_allclose(loss, _reference_loss(*args[:4], config, proximal=PROX_LOGPROBS), rtol=1e-5)
+    np.testing.assert_allclose(metrics["clip_fraction"], 2 / 4, rtol=1e-6)
+    np.testing.assert_allclose(metrics["is_capped_fraction"], 1 / 4, rtol=1e-6)
+
+
+def test_decoupled_ppo_at_the_proximal_weights_is_truncated_importance_sampling():
+    tis = CONFIG.model_copy(update={"objective": "tis", "is_cap": 2.0})
+    decoupled = tis.model_copy(update={"objective": "decoupled-ppo"})
+
+    def loss(config, logprobs):
+        proximal = jax.lax.stop_gradient(logprobs)
+        args = (OFF_BEHAVIOUR, OFF_ADVANTAGES, OFF_MASK, OFF_SEGMENTS, config)
+        return policy_loss(logprobs, *args, proximal_logprobs=proximal)[0]
+
+    logprobs = jnp.asarray(OFF_LOGPROBS)
+    for fn in (loss, jax.grad(loss, argnums=1)):
+        np.testing.assert_allclose(fn(decoupled, logprobs), fn(tis, logprobs), rtol=1e-6)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_kl_to_the_reference_policy(jitted):
+    config = CONFIG.model_copy(update={"kl_coef": 0.5})
+    reference = OFF_LOGPROBS + np.log([[1.0, 2.0, 0.5, 1.0]], dtype=np.float32)
+    args = (OFF_LOGPROBS, OFF_BEHAVIOUR, OFF_ADVANTAGES, OFF_MASK, OFF_SEGMENTS)
+    loss, metrics = _run(jitted, policy_loss, *args, config=config, reference_logprobs=reference)
+    # exp(d) - d - 1 at d = 0, ln 2, -ln 2, 0.
+    kl = [0.0, 1 - np.log(2), np.log(2) - 0.5, 0.0]
+    np.testing.assert_allclose(metrics["kl_ref"], np.mean(kl), rtol=1e-5)
+    without_kl, _ = policy_loss(*args, CONFIG)
+    np.testing.assert_allclose(loss, without_kl + 0.5 * np.mean(kl), rtol=1e-5)
+    np.testing.assert_allclose(loss, _reference_loss(*args[:4], config, reference=reference), rtol=1e-5)
+
+
+def test_ppo_reference_matches_policy_loss_on_stale_tokens():
+    args = (OFF_LOGPROBS, OFF_BEHAVIOUR, OFF_ADVANTAGES, OFF_MASK, OFF_SEGMENTS)
+    loss, metrics = policy_loss(*args, CONFIG)
+    np.testing.assert_allclose(loss, _reference_loss(*args[:4], CONFIG), rtol=1e-5)
+    assert float(metrics["is_weight_mean"]) == 1.0 and float(metrics["is_capped_fraction"]) == 0.0
+
+
+def test_objectives_need_their_inputs_and_ppo_has_no_weight_to_cap():
+    args = (OFF_LOGPROBS, OFF_BEHAVIOUR, OFF_ADVANTAGES, OFF_MASK, OFF_SEGMENTS)
+    with pytest.raises(ValueError, match="proximal_logprobs"):
+        policy_loss(*args, CONFIG.model_copy(update={"objective": "decoupled-ppo"}))
+    with pytest.raises(ValueError, match="reference_logprobs"):
+        policy_loss(*args, CONFIG.model_copy(update={"kl_coef": 0.1}))
+    with pytest.raises(ValueError, match="is_cap"):
+        LossConfig(objective="ppo", is_cap=2.0)

@@ -1,13 +1,14 @@
 import jax
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from learner.batching import make_batch
-from learner.config import LearnerConfig, MeshConfig, ModelConfig
+from learner.config import LearnerConfig, LossConfig, MeshConfig, ModelConfig
 from learner.sharding import batch_sharding, make_mesh, weight_spec
-from learner.train import TrainStep, init_train_state, params_numpy
+from learner.train import TrainStep, abstract_train_state, init_train_state, params_numpy
 from learner.trajectory import Sample
 
 MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64)
@@ -42,7 +43,8 @@ def test_weight_specs():
     assert weight_spec(["blocks", "0", "attn", "q", "kernel"], (64, 64), mesh) == P("fsdp", "tensor")
     assert weight_spec(["blocks", "0", "mlp", "down", "kernel"], (256, 64), mesh) == P("tensor", "fsdp")
     assert weight_spec(["embed", "embedding"], (100, 64), mesh) == P("tensor", "fsdp")
-    assert weight_spec(["final_norm", "scale"], (64,), mesh) == P()
+    assert weight_spec(["final_norm", "scale"], (64,), mesh) == P("fsdp")
+    assert weight_spec(["final_norm", "scale"], (64,), _mesh(8, 1, 1)) == P(None)
     # Indivisible dimensions stay whole: 100 rows over 8 devices, 3 columns over 2.
     assert weight_spec(["embed", "embedding"], (100, 64), _mesh(1, 8, 1)) == P(None, "fsdp")
     assert weight_spec(["blocks", "0", "attn", "q", "kernel"], (64, 3), mesh) == P("fsdp", None)
@@ -73,7 +75,7 @@ def single_device_run():
     return _train(_mesh(1, 1, 1), _batch())
 
 
-@pytest.mark.parametrize("axes", [(8, 1, 1), (2, 2, 2), (1, 8, 1)])
+@pytest.mark.parametrize("axes", [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 8, 1)])
 def test_sharded_steps_match_one_device(axes, single_device_run):
     loss, params, _ = single_device_run
     sharded_loss, sharded_params, state = _train(_mesh(*axes), _batch())
@@ -83,6 +85,11 @@ def test_sharded_steps_match_one_device(axes, single_device_run):
     assert state.params["blocks"][0]["attn"]["q"]["kernel"].sharding.mesh.shape == dict(
         zip(("data", "fsdp", "tensor"), axes)
     )
+    # Every parameter byte on fsdp x tensor devices once (norm scales, replicated, aside).
+    leaves = jax.tree.leaves(state.params)
+    per_device = sum(x.addressable_shards[0].data.nbytes for x in leaves)
+    total = sum(x.nbytes for x in leaves)
+    assert per_device == pytest.approx(total / (axes[1] * axes[2]), rel=0.02)
 
 
 def test_parameters_and_moments_are_split_over_fsdp_and_tensor():
@@ -103,3 +110,18 @@ def test_rows_must_divide_over_the_batch_axes():
     with pytest.raises(ValueError, match=r"rows \(4\) must be divisible by mesh data x fsdp \(8\)"):
         TrainStep(MODEL, LEARNER, mesh)(init_train_state(MODEL, LEARNER, seed=0, mesh=mesh), batch)
 
+
+
+def test_a_checkpoint_restores_onto_a_different_mesh(tmp_path):
+    learner = LEARNER.model_copy(update={"loss": LossConfig(kl_coef=0.1)})  # a reference too
+    saved = init_train_state(MODEL, learner, seed=3, mesh=_mesh(2, 2, 2))
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
+    with ocp.CheckpointManager(tmp_path, options=options) as manager:
+        manager.save(1, args=ocp.args.StandardSave(saved))
+        manager.wait_until_finished()
+        target = abstract_train_state(MODEL, learner, _mesh(1, 8, 1))
+        restored = manager.restore(1, args=ocp.args.StandardRestore(target))
+    assert jax.tree.structure(restored) == jax.tree.structure(saved)
+    for want, got, abstract in zip(jax.tree.leaves(saved), jax.tree.leaves(restored), jax.tree.leaves(target)):
+        assert got.sharding == abstract.sharding
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

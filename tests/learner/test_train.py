@@ -4,7 +4,7 @@ import optax
 import pytest
 
 from learner.batching import make_batch
-from learner.config import LearnerConfig, MeshConfig, ModelConfig, OptimizerConfig
+from learner.config import LearnerConfig, LossConfig, MeshConfig, ModelConfig, OptimizerConfig
 from learner.losses import token_logprobs
 from learner.model import forward_fn
 from learner.sharding import make_mesh
@@ -105,3 +105,41 @@ def test_optimizer_clips_the_global_gradient_norm_when_asked():
         _, state = optimizer.update(grads, optimizer.init(grads), grads)
         # Adam's first moment after one step is (1 - b1) times the gradient it saw.
         np.testing.assert_allclose(optax.tree.get(state, "mu")["w"], 0.5 * seen, rtol=1e-6)
+
+
+def test_a_batch_yields_minibatches_times_epochs_steps(mesh):
+    loss = LossConfig(objective="decoupled-ppo", is_cap=2.0)
+    learner = LEARNER.model_copy(update={"minibatches": 2, "epochs": 3, "loss": loss})
+    train_step = TrainStep(MODEL, learner, mesh)
+    state = init_train_state(MODEL, learner, seed=0, mesh=mesh)
+    params = params_numpy(state)
+    batch = make_batch([_sample(params, GOOD), _sample(params, BAD)], [1.0, -1.0], learner.buckets, rows=2)
+    seen = []
+    for state, metrics in train_step.updates(state, batch):
+        seen.append(metrics)
+    assert int(state.step) == len(seen) == 6
+    assert train_step.compiles == 1  # every minibatch has the batch's bucket and half its rows
+    # The first update is at the proximal weights (also the behaviour policy's here);
+    # later ones are clipped around them, not around the weights of their own step.
+    assert seen[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(seen[-1]["ratio_mean"] - 1.0) > 1e-3
+
+
+def test_kl_penalty_keeps_the_initial_parameters(mesh):
+    learner = LEARNER.model_copy(update={"loss": LossConfig(kl_coef=0.1)})
+    state = init_train_state(MODEL, learner, seed=0, mesh=mesh)
+    initial = params_numpy(state)
+    batch = make_batch([_sample(initial, GOOD), _sample(initial, BAD)], [1.0, -1.0], learner.buckets, rows=2)
+    train_step = TrainStep(MODEL, learner, mesh)
+    state, first = train_step(state, batch)
+    state, second = train_step(state, batch)
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-6) and second["kl_ref"] > 0
+    for want, got in zip(jax.tree.leaves(initial), jax.tree.leaves(jax.device_get(state.reference))):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_learner_config_validates_minibatches_and_derives_rows():
+    with pytest.raises(ValueError, match=r"rows \(6\) must be divisible by minibatches \(4\)"):
+        LearnerConfig(rows=6, minibatches=4)
+    assert LearnerConfig(rows=8).batch_rows(32) == 8 and LearnerConfig().batch_rows(32) == 32
+    assert LearnerConfig(minibatches=2, epochs=3).updates_per_batch == 6
