@@ -21,7 +21,7 @@ from learner.batching import make_batch
 from learner.losses import group_advantages
 from learner.sampling import Sampler
 from learner.sharding import make_mesh
-from learner.tokenizer import CharTokenizer
+from learner.chat import make_tokenizer
 from learner.train import TrainStep, init_train_state, params_numpy
 from tasks.data import PromptSource
 from tasks.envs import resolve_entrypoint
@@ -50,7 +50,8 @@ def main() -> None:
     spec = load_spec(args.spec, args.overrides)
     env_class = resolve_entrypoint(spec.env.entrypoint)
     runner = GroupRunner([env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)],
-                         Sampler(spec.model), CharTokenizer(spec.model.tokenizer), spec.env, spec.actors)
+                         Sampler(spec.model, stop_ids=make_tokenizer(spec.model).stop_ids),
+                         make_tokenizer(spec.model), spec.env, spec.actors)
     source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
     filters = [resolve_filter(f) for f in spec.buffer.filters]
     mesh = make_mesh(spec.learner.mesh)

@@ -11,7 +11,7 @@ from distributed import Event, Queue, get_client
 
 from learner.config import ModelConfig
 from learner.sampling import Sampler
-from learner.tokenizer import CharTokenizer
+from learner.chat import make_tokenizer
 from tasks.buffer import BufferWriter, Channels, EntryChecks
 from tasks.config import ActorsConfig, BufferConfig, EnvConfig
 from tasks.data import Prompt
@@ -49,9 +49,10 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
     writer = BufferWriter(actor_id, channels, client, checks)
     writer.hello()
     env_class = resolve_entrypoint(setup.env.entrypoint)
+    tokenizer = make_tokenizer(setup.model)
     runner = GroupRunner(
         envs=[env_class(**setup.env.kwargs) for _ in range(setup.actors.group_size)],
-        sampler=Sampler(setup.model), tokenizer=CharTokenizer(setup.model.tokenizer),
+        sampler=Sampler(setup.model, stop_ids=tokenizer.stop_ids), tokenizer=tokenizer,
         env_config=setup.env, actors_config=setup.actors)
     base_key = jax.random.PRNGKey(setup.seed)
     stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "params_get_s": 0.0, "queue_put_s": 0.0}

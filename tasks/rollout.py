@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from learner.sampling import Refresh, Sampler
-from learner.tokenizer import BOS, CharTokenizer
+from learner.chat import ChatTokenizer
 from learner.trajectory import OBSERVATION, Group, Sample
 from tasks.config import ActorsConfig, EnvConfig
 
@@ -78,7 +78,7 @@ class GroupRunner:
 
     envs: list
     sampler: Sampler
-    tokenizer: CharTokenizer
+    tokenizer: ChatTokenizer
     env_config: EnvConfig
     actors_config: ActorsConfig
 
@@ -104,9 +104,11 @@ class GroupRunner:
 
     async def _play(self, prompt: str, policy: "_Policy", key: jax.Array) -> list[_Episode]:
         first = await asyncio.gather(*(self._env_call(env.reset, prompt) for env in self.envs))
-        episodes = [_Episode(env, [BOS], [0.0], [OBSERVATION]) for env in self.envs]
+        start = self.tokenizer.start()
+        episodes = [_Episode(env, list(start), [0.0] * len(start), [OBSERVATION] * len(start))
+                    for env in self.envs]
         for episode, obs in zip(episodes, first):
-            episode.observe(self._encode(obs))
+            episode.observe(self._encode(obs, first=True))
         for _ in range(self.env_config.max_turns):
             running = [e for e in episodes if not e.done]
             if not running:
@@ -121,7 +123,7 @@ class GroupRunner:
                 if "success" in info:
                     episode.success = bool(info["success"])
                 if not done:
-                    episode.observe(self._encode(obs))
+                    episode.observe(self._encode(obs, first=False))
         if any(not e.done for e in episodes):
             raise EpisodeAborted(f"max_turns ({self.env_config.max_turns}) reached without finishing")
         return episodes
@@ -168,11 +170,11 @@ class GroupRunner:
         except Exception as e:  # an environment's failure aborts the group, never the actor
             raise EpisodeAborted(f"env error: {type(e).__name__}: {e}") from e
 
-    def _encode(self, obs) -> list[int]:
+    def _encode(self, obs, *, first: bool) -> list[int]:
         if not isinstance(obs, str):
             raise EpisodeAborted(f"observation must be text, got {type(obs).__name__}")
         try:
-            return self.tokenizer.encode(obs)
+            return self.tokenizer.observation(obs, first=first)
         except ValueError as e:
             raise EpisodeAborted(f"observation {obs!r:.60}: {e}") from None
 

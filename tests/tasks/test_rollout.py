@@ -10,7 +10,7 @@ import pytest
 from learner.config import ModelConfig, TokenizerConfig
 from learner.model import init_params
 from learner.sampling import Sampler
-from learner.tokenizer import CharTokenizer
+from learner.chat import make_tokenizer
 from learner.trajectory import OBSERVATION
 from tasks.config import ActorsConfig, EnvConfig
 from tasks.rollout import GroupRunner
@@ -60,7 +60,7 @@ def params():
 
 def play(env_factory, params, version=0, refresh=None, group_size=3, max_turns=4, timeout=30.0, **actors):
     runner = GroupRunner([env_factory() for _ in range(group_size)], Sampler(MODEL),
-                         CharTokenizer(MODEL.tokenizer),
+                         make_tokenizer(MODEL),
                          EnvConfig(max_turns=max_turns, episode_timeout_s=timeout),
                          ActorsConfig(group_size=group_size, max_new_tokens=2, **actors))
     return asyncio.run(runner.run(7, "p", 1, params, version, jax.random.PRNGKey(0), refresh=refresh))
