@@ -52,7 +52,10 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
 
 
 def _init(model_config: ModelConfig, optimizer, keep_reference: bool, seed) -> TrainState:
-    params = init_params(model_config, seed)
+    return _from_params(optimizer, keep_reference, init_params(model_config, seed))
+
+
+def _from_params(optimizer, keep_reference: bool, params: Params) -> TrainState:
     # A copy, not the same arrays: the state is donated, and the reference must outlive it.
     reference = jax.tree.map(jnp.copy, params) if keep_reference else None
     return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), reference)
@@ -81,10 +84,17 @@ def abstract_train_state(model_config: ModelConfig, learner_config: LearnerConfi
 def init_train_state(
     model_config: ModelConfig, learner_config: LearnerConfig, *, seed: int, mesh: Mesh
 ) -> TrainState:
-    """A fresh state, created directly in its shards (no full copy on one device)."""
+    """A fresh state, created directly in its shards (no full copy on one device): random
+    weights, or those of the Hugging Face checkpoint `model.init` names."""
     _, shardings = _abstract_and_shardings(model_config, learner_config, mesh)
     optimizer = make_optimizer(learner_config.optimizer)
     keep_reference = learner_config.loss.kl_coef > 0
+    if model_config.init != "random":
+        from learner.hf import load_params  # reads safetensors; only needed for real models
+
+        params = jax.device_put(load_params(model_config), shardings.params)
+        init = jax.jit(functools.partial(_from_params, optimizer, keep_reference), out_shardings=shardings)
+        return init(params)
     init = jax.jit(functools.partial(_init, model_config, optimizer, keep_reference), out_shardings=shardings)
     return init(jnp.int32(seed))
 

@@ -153,28 +153,32 @@ class Session:
         meter = StepMeter(self.log)
         while step < spec.learner.steps:
             groups = reader.take(spec.learner.batch_groups, version)
-            batch = self._batch(groups)
+            # One batch is `learner.minibatches × learner.epochs` steps (optimizer updates).
+            updates = self.train_step.updates(state, self._batch(groups))
             start = time.perf_counter()
-            state, train_metrics = self.train_step(state, batch)
-            step += 1
-            record = meter.record(step, version, groups, train_metrics, time.perf_counter() - start,
-                                  reader, self.train_step.compiles, self.ledger)
-            self.metrics.append(record)
-            self.tensorboard.add(record)
-            self.reporter.progress(step, version)
-            if step % spec.sync.interval == 0:
-                version += 1
-                reader.version = version
-                publisher.publish(version, params_numpy(state))
-                if version % spec.checkpoint.every == 0 or step >= spec.learner.steps:
-                    self._checkpoint(state, step, version, record)
+            for state, train_metrics in updates:
+                step += 1
+                record = meter.record(step, version, groups, train_metrics, time.perf_counter() - start,
+                                      reader, self.train_step.compiles, self.ledger)
+                self.metrics.append(record)
+                self.tensorboard.add(record)
+                self.reporter.progress(step, version)
+                if step % spec.sync.interval == 0:
+                    version += 1
+                    reader.version = version
+                    publisher.publish(version, params_numpy(state))
+                    if version % spec.checkpoint.every == 0 or step >= spec.learner.steps:
+                        self._checkpoint(state, step, version, record)
+                if step >= spec.learner.steps:
+                    break
+                start = time.perf_counter()
         return state, version
 
     def _batch(self, groups: list[Group]):
         rewards = np.stack([g.rewards for g in groups])
         advantages = np.asarray(group_advantages(rewards, normalize_std=self.spec.learner.loss.normalize_std))
         samples = [s for g in groups for s in g.samples]
-        rows = self.spec.learner.batch_groups * self.spec.actors.group_size
+        rows = self.spec.learner.batch_rows(len(samples))
         return make_batch(samples, advantages.reshape(-1).tolist(), self.spec.learner.buckets, rows)
 
     def _checkpoint(self, state, step: int, version: int, metrics: dict) -> None:
