@@ -47,12 +47,13 @@ def test_a_full_disk_leaves_the_previous_checkpoint_intact(small_disk):
     size = 500_000  # 2 MB of float32 per checkpoint
     checkpoints = Checkpoints(small_disk / "checkpoints", keep=None)
     checkpoints.save(1, state(1.0, size), {"version": 1})
+    checkpoints.wait()  # committed before the disk fills
     filler = small_disk / "filler"
     free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
     filler.write_bytes(b"\0" * (free - 1_000_000))  # room for half a checkpoint
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # from the write in the background, at the latest on wait
         checkpoints.save(2, state(2.0, size), {"version": 2})
-    checkpoints.close()
+        checkpoints.wait()
     filler.unlink()
 
     reopened = Checkpoints(small_disk / "checkpoints", keep=None)
@@ -61,5 +62,6 @@ def test_a_full_disk_leaves_the_previous_checkpoint_intact(small_disk):
     assert np.array_equal(restored["params"]["w"], state(1.0, size)["params"]["w"])
     assert record == {"version": 1}
     reopened.save(2, state(2.0, size), {"version": 2})  # and saving works again
+    reopened.wait()
     assert reopened.versions() == [1, 2]
     reopened.close()
