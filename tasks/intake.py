@@ -34,8 +34,9 @@ def _locked(method):
 class Pace:
     """How fast data is consumed: what admission control needs to bound staleness."""
 
-    batch_groups: int  # groups per learner step
+    batch_groups: int  # groups per batch
     sync_interval: int  # learner steps per version
+    updates_per_batch: int = 1  # learner steps per batch (minibatches × epochs)
     outstanding: int  # most attempts in flight or buffered at once (bounded asynchrony)
     synchronous: bool = False  # learner.mode sync: generate only what the waiting learner needs
 
@@ -80,9 +81,9 @@ class IntakeRules:
         if self.pace.synchronous:
             room = min(room, want - open_)
         if self.config.admission:
-            per_version = self.pace.batch_groups * self.pace.sync_interval
+            per_version = self.pace.batch_groups * self.pace.sync_interval / self.pace.updates_per_batch
             budget = (version + self.config.max_staleness + 1) * per_version
-            room = min(room, budget - snap["consumed"] - open_)
+            room = min(room, int(budget) - snap["consumed"] - open_)
         return max(0, room)
 
     @_locked

@@ -75,6 +75,7 @@ class Session:
         env_class = resolve_entrypoint(spec.env.entrypoint)
         self.source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
         pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
+                    updates_per_batch=spec.learner.updates_per_batch,
                     outstanding=spec.buffer.capacity + spec.actors.n_actors + spec.learner.batch_groups,
                     synchronous=spec.learner.mode == "sync")
         self.rules = IntakeRules(spec.buffer, self.ledger, self.source, pace, spec.actors.n_actors,
