@@ -36,8 +36,8 @@ class Pace:
 
     batch_groups: int  # groups per batch
     sync_interval: int  # learner steps per version
-    updates_per_batch: int = 1  # learner steps per batch (minibatches × epochs)
     outstanding: int  # most attempts in flight or buffered at once (bounded asynchrony)
+    updates_per_batch: int = 1  # learner steps per batch (minibatches × epochs)
     synchronous: bool = False  # learner.mode sync: generate only what the waiting learner needs
 
 
