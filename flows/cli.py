@@ -28,6 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate":
         print(f"{args.spec}: ok ({spec.name}, run directory {spec.run_dir})")
         return 0
+    if args.command == "audit":
+        from flows.audit import audit_command
+
+        return audit_command(spec, target_busy=args.target_busy, groups=args.groups,
+                             train_steps=args.train_steps, env_steps=args.env_steps,
+                             actor_cores=args.actor_cores, json_path=args.json)
     return _run(spec)
 
 
@@ -44,6 +50,17 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                         help="override a field of the run's spec (e.g. learner.steps=400 to extend it)")
+    audit = commands.add_parser("audit", help="measure env, actor and learner times here; size the actor pool")
+    audit.add_argument("spec", type=Path)
+    audit.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                       help="override a field; VALUE is parsed as YAML")
+    audit.add_argument("--target-busy", type=float, default=0.9, help="learner busy fraction to size for")
+    audit.add_argument("--groups", type=int, default=8, help="groups to play and time")
+    audit.add_argument("--train-steps", type=int, default=5, help="learner steps to time")
+    audit.add_argument("--env-steps", type=int, default=200, help="environment steps to time")
+    audit.add_argument("--actor-cores", type=float, default=None,
+                       help="cores the actors get (default: one per actor, up to this machine's)")
+    audit.add_argument("--json", type=Path, default=None, help="also write the audit here")
     report = commands.add_parser("report", help="plot a run's metrics into RUN_DIR/report/ and RUN_DIR/tensorboard/")
     report.add_argument("run_dir", type=Path)
     return parser

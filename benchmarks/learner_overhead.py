@@ -1,0 +1,111 @@
+"""Part 2 of benchmarks/buffer_latency.py: what the buffer costs the learner per step.
+
+A real `BufferReader` over real `BufferWriter`s ("canned" actors that answer every
+prompt with the same group at once, so the buffer stays full) and the default spec's
+train step. Per step: `take` time when the buffer was not empty, and the train step
+with the intake thread running against the same steps after it is closed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+import uuid
+
+import cloudpickle
+import numpy as np
+from distributed import Client, Queue, get_client
+
+from flows.spec import load_spec
+from learner.batching import make_batch
+from learner.losses import group_advantages
+from learner.sharding import make_mesh
+from learner.train import TrainStep, init_train_state
+from learner.trajectory import Group, Sample
+from tasks.accounting import Ledger
+from tasks.buffer import BufferReader, BufferWriter, Channels, EntryChecks, release_actors
+from tasks.data import Prompt, PromptSource
+from tasks.envs import resolve_entrypoint
+from tasks.intake import IntakeRules, Pace
+
+SPEC = "specs/guess-number.yaml"
+ACTORS = 2
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def canned_group(group_size: int, length: int, vocab: int) -> Group:
+    """A group of `group_size` episodes of `length` tokens, observations and actions alternating."""
+    rng = np.random.default_rng(0)
+    versions = np.where(np.arange(length) % 2 == 1, 0, -1).astype(np.int32)
+    samples = tuple(Sample(rng.integers(3, vocab, length).astype(np.int32), np.full(length, -2.0, np.float32),
+                           versions, float(i % 2), bool(i % 2)) for i in range(group_size))
+    return Group(0, "canned", samples, 0.0, 0.0)
+
+
+def canned_actor(actor: int, channels: Channels, checks: EntryChecks, group: Group) -> None:
+    client = get_client()
+    prompts, writer = Queue(channels.prompts(actor), client=client), BufferWriter(actor, channels, client, checks)
+    writer.hello()
+    while (wire := prompts.get()) is not None:
+        prompt = Prompt.from_wire(wire)
+        writer.put(dataclasses.replace(group, prompt_id=prompt.id, attempt=prompt.attempt))
+
+
+def learner_overhead(client: Client, steps: int) -> dict:
+    spec = load_spec(SPEC)
+    # Room for every group the timed steps take, filled before they start: the buffer is
+    # never empty in the Dask queue, whatever the producers' pace on this machine.
+    batch_groups = spec.learner.batch_groups
+    capacity = (steps + 1) * batch_groups
+    env_class = resolve_entrypoint(spec.env.entrypoint)
+    rules = IntakeRules(spec.buffer, Ledger(), PromptSource(spec.data, env_class, spec.env.kwargs, 0),
+                        Pace(batch_groups, spec.sync.interval, capacity + ACTORS + batch_groups), ACTORS,
+                        log=lambda _: None)
+    channels = Channels(uuid.uuid4().hex[:8])
+    reader = BufferReader(channels, client, rules, capacity=capacity, prefetch=batch_groups).start()
+    group = canned_group(spec.actors.group_size, spec.model.max_len, spec.model.vocab_size)
+    checks = EntryChecks({}, spec.model.vocab_size, spec.model.max_len)
+    actors = [client.submit(canned_actor, a, channels, checks, group, pure=False) for a in range(ACTORS)]
+    mesh = make_mesh(spec.learner.mesh)
+    state, train_step = init_train_state(spec.model, spec.learner, seed=0, mesh=mesh), TrainStep(spec.model, spec.learner, mesh)
+    batch = _batch(spec, reader.take(batch_groups, 0))
+    state, _ = train_step(state, batch)  # compile
+    while reader.depth < capacity:  # let the actors fill the buffer
+        time.sleep(0.1)
+    reader.pop_stats()
+    take_s, train_with, waited = [], [], 0
+    for _ in range(steps):
+        start = time.perf_counter()
+        groups = reader.take(batch_groups, 0)
+        take_s.append(time.perf_counter() - start)
+        waited += reader.pop_stats().wait_count > 0
+        state, seconds = _timed_step(train_step, state, _batch(spec, groups))
+        train_with.append(seconds)
+    reader.close()
+    release_actors(client, channels, ACTORS)
+    while not all(f.done() for f in actors):
+        reader.drain()
+        time.sleep(0.05)
+    reader.release()
+    train_without = []
+    for _ in range(steps):
+        state, seconds = _timed_step(train_step, state, batch)
+        train_without.append(seconds)
+    base, take, slowdown = np.median(train_without), np.median(take_s), np.median(train_with) - np.median(train_without)
+    return {"batch_groups": batch_groups, "steps": steps, "steps_that_waited": waited,
+            "train_ms": 1e3 * base, "take_ms": 1e3 * take, "take_p99_ms": 1e3 * float(np.percentile(take_s, 99)),
+            "train_slowdown_ms": 1e3 * slowdown, "overhead_%": 100 * (take + max(slowdown, 0.0)) / base}
+
+
+def _timed_step(train_step, state, batch):
+    start = time.perf_counter()
+    state, _ = train_step(state, batch)  # its metrics are host floats: the step has finished
+    return state, time.perf_counter() - start
+
+
+def _batch(spec, groups: list[Group]):
+    rewards = np.stack([g.rewards for g in groups])
+    advantages = np.asarray(group_advantages(rewards, normalize_std=True)).reshape(-1)
+    samples = [s for g in groups for s in g.samples]
+    return make_batch(samples, advantages.tolist(), spec.learner.buckets, len(samples))
