@@ -11,8 +11,8 @@ action is not understood ("?") and costs a turn. Observations:
 
 Rewards: 1 for the right answer (success), and `tool_bonus` the first time the tool is
 called. Right answers are rare by chance, and calling the tool first is the path to
-them; the bonus makes that first step learnable on its own (DESIGN.md measured this
-task at 97% success in 3-11 s with it). The episode ends at the answer or after
+them; the bonus makes that first step learnable on its own, and keeps calling the tool
+worth more than guessing the answer. The episode ends at the answer or after
 `max_steps` turns. A uniformly random policy over the spec's 18 tokens answers right
 with probability 1/18 per turn and goes on with probability 8/18 (a tool call, an
 operator, "?" or an empty action), so it wins (1/18)(1 + 8/18 + (8/18)^2) = 9.1% of

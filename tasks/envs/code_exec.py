@@ -40,7 +40,8 @@ class CodeExec:
         self._target = ""
         self._tries = 0
         # Outputs of programs that are pure arithmetic: they cannot depend on anything
-        # but their text, so each distinct one runs in the sandbox once.
+        # but their text, so each distinct one runs in the sandbox once (unless it hits a
+        # limit, which can be the machine's load rather than the program).
         self._outputs: dict[str, str | None] = {}
 
     def task(self, rng: random.Random) -> str:
@@ -68,6 +69,6 @@ class CodeExec:
             return self._outputs[action]
         result = await sandbox.run_async(f"print({action})\n", self.limits)
         output = result.stdout.strip() if result.ok else None
-        if PURE_ARITHMETIC.fullmatch(action):
+        if PURE_ARITHMETIC.fullmatch(action) and result.killed_reason is None:
             self._outputs[action] = output
         return output

@@ -28,8 +28,10 @@ system's `python3` (a Python under /root, as pyenv puts it, is not).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -87,8 +89,6 @@ def run(code: str, limits: Limits = Limits()) -> Result:
 
 async def run_async(code: str, limits: Limits = Limits()) -> Result:
     """`run` for event loops: waits for the code without holding a thread."""
-    import asyncio
-
     with _Run(code, limits) as launch:
         args = launch.popen_args()
         proc = await asyncio.create_subprocess_exec(*args.pop("args"), **args)
@@ -145,7 +145,7 @@ class _Run(contextlib.AbstractContextManager):
         if timed_out:
             reason = "wall"
         elif exit == -signal.SIGXCPU or exit == -signal.SIGKILL:
-            reason = "cpu"  # SIGKILL: the hard CPU limit, a second after SIGXCPU was ignored
+            reason = "cpu"  # SIGKILL: the hard CPU limit, a second after an ignored SIGXCPU
         elif max(os.fstat(f.fileno()).st_size for f in (self.stdout, self.stderr)) >= self.limits.output_bytes:
             reason = "output"
         elif exit != 0 and "MemoryError" in stderr:
@@ -175,6 +175,7 @@ def _runnable_by_others(path: str) -> bool:
     return os.stat(path).st_mode & 0o005 == 0o005 and all(os.stat(d).st_mode & 0o001 for d in parents)
 
 
+@functools.cache
 def _code_interpreter() -> str:
     if os.geteuid() != 0 or _runnable_by_others(sys.executable):
         return sys.executable

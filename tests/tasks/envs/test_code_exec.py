@@ -5,12 +5,11 @@ import jax
 import pytest
 
 from flows.spec import load_spec
+from learner.chat import make_tokenizer
 from learner.model import init_params
 from learner.sampling import Sampler
-from learner.tokenizer import CharTokenizer
 from tasks import sandbox
-from tasks.envs import resolve_entrypoint
-from tasks.envs import code_exec
+from tasks.envs import code_exec, resolve_entrypoint
 from tasks.envs.code_exec import CodeExec
 from tasks.rollout import GroupRunner
 
@@ -102,7 +101,8 @@ def test_async_step_through_the_group_runner():
     spec = load_spec("specs/code-exec.yaml", ["model.d_model=16", "model.n_layers=1", "model.d_ff=32",
                                               "actors.group_size=4"])
     envs = [resolve_entrypoint(spec.env.entrypoint)(**spec.env.kwargs) for _ in range(spec.actors.group_size)]
-    runner = GroupRunner(envs, Sampler(spec.model), CharTokenizer(spec.model.tokenizer), spec.env, spec.actors)
+    tokenizer = make_tokenizer(spec.model)
+    runner = GroupRunner(envs, Sampler(spec.model, stop_ids=tokenizer.stop_ids), tokenizer, spec.env, spec.actors)
     group = asyncio.run(runner.run(0, "target=7", 0, init_params(spec.model, 0), 3, jax.random.PRNGKey(0)))
     assert group.aborted is None and len(group.samples) == spec.actors.group_size
     for sample in group.samples:

@@ -2,7 +2,8 @@
 
 Runs benchmarks/single_process.py (the in-process loop: same model, GRPO batch and
 environment code as `tandem run`) on each spec until the success rate over 5 steps
-reaches the target, within a step budget.
+reaches the target, within a step budget. Measured on the shared 2-core machine (lr 1e-3):
+calculator 0.6 at about step 130, code-exec 0.6 at about step 80, out of 300.
 """
 
 import json
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.slow,
 
 
 @pytest.mark.parametrize("spec, random_rate, target, steps", [
-    ("guess-number", 0.29, 0.6, 300),
+    ("guess-number", 0.294, 0.6, 300),
     ("calculator", 0.09, 0.6, 300),
     ("code-exec", 0.06, 0.6, 300),
 ])
