@@ -30,14 +30,16 @@ from tasks.rollout import GroupRunner
 
 
 async def collect(runner, source, filters, n, params, version, key, seed):
-    """`n` groups that pass the entry checks, generated concurrently as actors would."""
-    groups = []
+    """`n` groups that pass the entry checks, and the success rate of all groups made."""
+    groups, outcomes = [], []
     while len(groups) < n:
         prompts = [source.next() for _ in range(n - len(groups))]
         keys = [jax.random.fold_in(jax.random.fold_in(key, p.id), p.attempt) for p in prompts]
         made = [await runner.run(p.id, p.text, p.attempt, params, version, k) for p, k in zip(prompts, keys)]
-        groups += [g for g in made if not g.aborted and all(f(g) for f in filters)]
-    return groups
+        made = [g for g in made if not g.aborted]
+        outcomes += [s.success for g in made for s in g.samples if s.success is not None]
+        groups += [g for g in made if all(f(g) for f in filters)]
+    return groups, float(np.mean(outcomes)) if outcomes else 0.0
 
 
 def main() -> None:
@@ -61,13 +63,13 @@ def main() -> None:
     params = jax.device_put(params_numpy(state))
     start, curve = time.perf_counter(), []
     for step in range(1, spec.learner.steps + 1):
-        groups = asyncio.run(collect(runner, source, filters, spec.learner.batch_groups, params, version, key, spec.seed))
+        groups, success = asyncio.run(
+            collect(runner, source, filters, spec.learner.batch_groups, params, version, key, spec.seed))
         rewards = np.stack([g.rewards for g in groups])
         adv = np.asarray(group_advantages(rewards, normalize_std=spec.learner.loss.normalize_std)).reshape(-1)
         batch = make_batch([s for g in groups for s in g.samples], adv.tolist(), spec.learner.buckets,
                            spec.learner.batch_groups * spec.actors.group_size)
         state, metrics = train_step(state, batch)
-        success = float(np.mean([s.success for g in groups for s in g.samples if s.success is not None]))
         curve.append({"step": step, "time": time.perf_counter() - start, "success": success,
                       "entropy": metrics["entropy"]})
         if step % spec.sync.interval == 0:

@@ -81,20 +81,28 @@ class BufferWriter:
             return self._report(group, "excluded", reason="invalid", detail=invalid)
         for name, keep in self._checks.filters.items():
             if not keep(group):
-                return self._report(group, "excluded", reason="filtered", detail=name)
+                return self._report(group, "excluded", reason="filtered", detail=name, **_outcomes(group))
         future = self._client.scatter(group, workers=[get_worker().address], hash=False)
         # No timeout: a timed-out queue op is logged as an error by the scheduler. The
         # learner drains the buffer when it stops, so a blocked put always returns.
         start = time.perf_counter()
         self._queue.put(future)
         blocked = time.perf_counter() - start
-        self._report(group, "buffered", blocked_s=blocked, key=future.key)
+        self._report(group, "buffered", blocked_s=blocked, key=future.key, **_outcomes(group))
         return blocked
 
     def _report(self, group: Group, event: str, **fields) -> float:
         self._reports.put({"event": event, "actor": self._actor, "id": group.prompt_id,
                            "attempt": group.attempt, **fields})
         return 0.0
+
+
+def _outcomes(group: Group) -> dict:
+    """What the group's episodes scored: the acting policy's performance, whether or not
+    the group is trained on (a filter drops exactly the groups that all succeed or all fail)."""
+    successes = [s.success for s in group.samples if s.success is not None]
+    return {"episodes": len(group.samples), "reward_sum": float(group.rewards.sum()),
+            "successes": sum(successes), "judged": len(successes)}
 
 
 @dataclasses.dataclass
@@ -107,6 +115,17 @@ class IntakeStats:
     staleness: list[int] = dataclasses.field(default_factory=list)  # of consumed groups
     in_flight: list[int] = dataclasses.field(default_factory=list)  # ... gained while generated
     in_queue: list[int] = dataclasses.field(default_factory=list)  # ... gained while buffered
+    episodes: int = 0  # episodes of the groups finished (buffered or filtered)
+    reward_sum: float = 0.0
+    successes: int = 0
+    judged: int = 0  # episodes whose environment reported success
+
+    def add_outcomes(self, report: dict) -> None:
+        if "episodes" in report:
+            self.episodes += report["episodes"]
+            self.reward_sum += report["reward_sum"]
+            self.successes += report["successes"]
+            self.judged += report["judged"]
 
 
 class BufferReader:
@@ -191,6 +210,7 @@ class BufferReader:
             while not self._closed.is_set():
                 for report in self._reports.get(batch=True):
                     self._stats.blocked_s += report.get("blocked_s", 0.0)
+                    self._stats.add_outcomes(report)
                     self.rules.on_report(report)
                 for actor, prompt in self.rules.dispatch(self.version, self._want):
                     self._prompts[actor].put(prompt.to_wire())

@@ -13,25 +13,34 @@ from tasks.buffer import BufferReader
 
 
 class StepMeter:
-    """Builds one `metrics.jsonl` record per step and logs a line every `every_s` seconds."""
+    """Builds one `metrics.jsonl` record per step and logs a line every `every_s` seconds.
+
+    `reward_mean` and `success_rate` are the acting policy's: over every group finished
+    since the previous record, trained on or filtered; `trained_reward_mean` is the batch's.
+    """
 
     def __init__(self, log, every_s: float = 2.0):
         self.log, self.every_s = log, every_s
         self._last_record = time.perf_counter()
         self._last_log = 0.0
+        self._acting: dict = {}  # the latest rollout performance, kept while no group finishes
 
     def record(self, step: int, version: int, groups: list[Group], train: dict, train_s: float,
                reader: BufferReader, compiles: int, ledger: Ledger) -> dict:
         now = time.perf_counter()
         elapsed, self._last_record = now - self._last_record, now
         rewards = np.concatenate([g.rewards for g in groups])
-        successes = [s.success for g in groups for s in g.samples if s.success is not None]
         intake = reader.pop_stats()
+        if intake.episodes:
+            self._acting = {"reward_mean": intake.reward_sum / intake.episodes}
+            if intake.judged:
+                self._acting["success_rate"] = intake.successes / intake.judged
         record = {
             "step": step,
             "version": version,
             "time": time.time(),
-            "reward_mean": float(rewards.mean()),
+            "reward_mean": self._acting.get("reward_mean", float(rewards.mean())),
+            "trained_reward_mean": float(rewards.mean()),
             "learner_busy": min(1.0, train_s / elapsed) if elapsed > 0 else 1.0,
             "train_s": train_s,
             "buffer_depth": reader.depth,
@@ -50,8 +59,8 @@ class StepMeter:
             "prompt_ids": [g.prompt_id for g in groups],
             **{k: v for k, v in train.items() if k != "padding"},
         }
-        if successes:
-            record["success_rate"] = float(np.mean(successes))
+        if "success_rate" in self._acting:
+            record["success_rate"] = self._acting["success_rate"]
         if now - self._last_log >= self.every_s:
             self._last_log = now
             self.log.info(_line(record))
