@@ -18,7 +18,9 @@ class EnvConfig(Frozen):
     entrypoint: str = "guess-number"
     kwargs: dict[str, Any] = {}
     max_turns: PositiveInt = 4  # an episode still running after this many turns is aborted
-    latency_s: NonNegativeFloat = 0.0  # added before every env step (simulates slow tools)
+    latency_s: NonNegativeFloat = 0.0  # mean delay added before every env step (simulates slow tools)
+    # fixed: latency_s every step; uniform: U(0, 2·latency_s); exponential: mean latency_s
+    latency_dist: Literal["fixed", "uniform", "exponential"] = "fixed"
     episode_timeout_s: PositiveFloat = 30.0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import random
 import time
 
 import jax
@@ -81,6 +82,7 @@ class GroupRunner:
     tokenizer: ChatTokenizer
     env_config: EnvConfig
     actors_config: ActorsConfig
+    _rng: random.Random = dataclasses.field(default_factory=random.Random, repr=False)  # latencies
 
     async def run(self, prompt_id: int, prompt: str, attempt: int, params, version: int,
                   key: jax.Array, refresh: Refresh | None = None) -> Group:
@@ -156,11 +158,19 @@ class GroupRunner:
     async def _step(self, episode: _Episode):
         action = self.tokenizer.decode(episode.tokens[episode.action_start:])
         if self.env_config.latency_s:
-            await asyncio.sleep(self.env_config.latency_s)
+            await asyncio.sleep(self._latency())
         result = await self._env_call(episode.env.step, action)
         if not (isinstance(result, tuple) and len(result) == 4):
             raise EpisodeAborted(f"env.step must return (obs, reward, done, info), got {result!r:.100}")
         return result
+
+    def _latency(self) -> float:
+        mean, dist = self.env_config.latency_s, self.env_config.latency_dist
+        if dist == "uniform":
+            return self._rng.uniform(0.0, 2 * mean)
+        if dist == "exponential":
+            return self._rng.expovariate(1 / mean)
+        return mean
 
     async def _env_call(self, method, *args):
         try:

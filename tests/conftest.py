@@ -56,3 +56,13 @@ def tandem(*args: str, env: dict | None = None, **kwargs) -> subprocess.Complete
     command = [str(Path(sys.executable).parent / "tandem"), *args]
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, **(env or {})}, **kwargs)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`slow` tests (long training runs) run only with TANDEM_SLOW=1."""
+    if os.environ.get("TANDEM_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set TANDEM_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -120,3 +120,12 @@ def test_abort_drops_the_group_on_a_new_version(params):
     group = play(lambda: Countdown(turns=3), params, refresh=lambda: (1, params),
                  sync_check_tokens=1, on_sync="abort")
     assert "on_sync: abort" in group.aborted
+
+
+@pytest.mark.parametrize("dist", ["fixed", "uniform", "exponential"])
+def test_latency_distributions_keep_their_mean(dist):
+    runner = GroupRunner([], None, None, EnvConfig(latency_s=0.2, latency_dist=dist), ActorsConfig())
+    runner._rng.seed(0)
+    draws = np.array([runner._latency() for _ in range(20_000)])
+    assert abs(draws.mean() - 0.2) < 0.01 and draws.min() >= 0
+    assert (draws.std() < 1e-9) == (dist == "fixed")
