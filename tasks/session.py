@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-import jax
 import numpy as np
 from distributed import Client
 

@@ -21,7 +21,7 @@ def sample(*versions, reward=0.0):
 
 
 def group(prompt_id, *samples, attempt=0, arrival=None):
-    return Group(prompt_id, f"secret=a", tuple(samples), 0.0, 0.0, attempt=attempt, arrival_version=arrival)
+    return Group(prompt_id, "secret=a", tuple(samples), 0.0, 0.0, attempt=attempt, arrival_version=arrival)
 
 
 def rules(n_actors=1, outstanding=100, **buffer):
