@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 
 import jax
@@ -19,6 +20,9 @@ from tasks.envs import resolve_entrypoint
 from tasks.filters import resolve_filter
 from tasks.rollout import GroupRunner
 from tasks.sync import WeightSubscriber
+
+
+_CLIENT_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +43,8 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
     The learner stops actors by setting the stop event and sending each a `None` prompt.
     Returns the actor's timings (cleanba-style: every hop timed).
     """
-    client = get_client()
+    with _CLIENT_LOCK:  # actors sharing a worker must not create its client concurrently
+        client = get_client()
     channels = setup.channels
     prompts = Queue(channels.prompts(actor_id), client=client)
     stop = Event(channels.stop, client=client)

@@ -14,7 +14,7 @@ import dataclasses
 import threading
 import time
 
-from distributed import Client, Event, Queue, get_worker
+from distributed import Client, Event, Queue, get_worker, wait
 
 from learner.trajectory import Group
 from tasks.filters import Filter
@@ -134,7 +134,6 @@ class BufferReader:
     def __init__(self, channels: Channels, client: Client, rules: IntakeRules, *, capacity: int,
                  prefetch: int, check=lambda: None):
         self.rules, self.version = rules, 0  # `version`: the learner's, for admission control
-        self._want = 0  # groups a blocked `take` still needs (synchronous mode dispatches only these)
         self._client, self._channels = client, channels
         self._queue = Queue(channels.buffer, client=client, maxsize=capacity)
         self._reports = Queue(channels.reports, client=client)
@@ -175,8 +174,8 @@ class BufferReader:
     def take(self, n: int, version: int) -> list[Group]:
         """The next `n` groups in arrival order that pass the exit check at `version`."""
         taken: list[Group] = []
+        self.rules.want(n)
         while len(taken) < n:
-            self._want = n - len(taken)
             group = self._next_local()
             staleness = self.rules.on_take(group, version)
             if staleness is not None:
@@ -185,7 +184,6 @@ class BufferReader:
                 self._stats.in_flight.append(in_flight)
                 self._stats.in_queue.append(in_queue)
                 taken.append(group)
-        self._want = 0
         return taken
 
     def pop_stats(self) -> IntakeStats:
@@ -212,7 +210,7 @@ class BufferReader:
                     self._stats.blocked_s += report.get("blocked_s", 0.0)
                     self._stats.add_outcomes(report)
                     self.rules.on_report(report)
-                for actor, prompt in self.rules.dispatch(self.version, self._want):
+                for actor, prompt in self.rules.dispatch(self.version):
                     self._prompts[actor].put(prompt.to_wire())
                 self._fetch()
         except BaseException as e:  # surfaced to the learner by `take`
@@ -222,21 +220,22 @@ class BufferReader:
                     self._ready.notify_all()
 
     def _fetch(self) -> None:
+        """Moves up to `prefetch` groups from the Dask queue here, their data in one gather."""
         self._queued = self._queue.qsize()
-        if len(self._local) >= self._prefetch or not self._queued:
+        room = self._prefetch - len(self._local)
+        if room <= 0 or not self._queued:
             time.sleep(0.005)
             return
-        future = self._queue.get()  # the only consumer: a non-empty queue does not block
-        try:
-            if future.status == "lost":  # its worker died: the data is gone
-                raise LookupError(future.key)
-            group = future.result(timeout=self._fetch_timeout_s)
-        except (LookupError, TimeoutError):
-            self.rules.on_fetch(future.key, lost=True)
-            return
-        self.rules.on_fetch(future.key, lost=False)
+        # The only consumer: asking for no more than are queued does not block.
+        futures = self._queue.get(batch=min(room, self._queued))
+        alive = [f for f in futures if f.status != "lost"]  # lost: its worker died, the data is gone
+        done = wait(alive, timeout=self._fetch_timeout_s).done if alive else set()
+        ready = [f for f in alive if f in done and f.status == "finished"]
+        groups = self._client.gather(ready) if ready else []
+        for future in futures:
+            self.rules.on_fetch(future.key, lost=future not in ready)
         with self._ready:
-            self._local.append(group)
+            self._local.extend(groups)  # in arrival order
             self._ready.notify_all()
 
 

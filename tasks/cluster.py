@@ -34,7 +34,9 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
         return
     if config.cluster == "local":
         env = {**{k: v for k, v in os.environ.items() if k.startswith("PREFECT_")}, **ACTOR_ENV}
-        cluster = LocalCluster(n_workers=config.workers, threads_per_worker=1, processes=True,
+        # A thread per actor: an actor is a task that runs for the whole session.
+        threads = -(-config.n_actors // config.workers)
+        cluster = LocalCluster(n_workers=config.workers, threads_per_worker=threads, processes=True,
                                dashboard_address=None, env=env)
     else:
         cluster = _cluster_class(config.cluster)(**config.cluster_kwargs)

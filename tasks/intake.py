@@ -55,6 +55,7 @@ class IntakeRules:
         # its worker; keys fetched (or lost) before their "buffered" report arrived.
         self._keys: dict[str, tuple[int, int]] = {}
         self._early: dict[str, bool] = {}
+        self.wanted = 0  # groups a waiting learner still needs (synchronous mode makes only these)
         self._lock = threading.RLock()
 
     @_locked
@@ -67,8 +68,8 @@ class IntakeRules:
         return {**self.ledger.snapshot(), "prompts": self.source.cursor,
                 "waiting": len(self.source.waiting)}
 
-    def admissible(self, version: int, want: int = 0) -> int:
-        """How many new attempts may start now; `want`: groups the learner is waiting for.
+    def admissible(self, version: int) -> int:
+        """How many new attempts may start now.
 
         Bounded by `pace.outstanding`; with `buffer.admission`, also by the staleness budget
         (AReaL): an attempt started at version v is taken, in FIFO order, at about version
@@ -79,7 +80,7 @@ class IntakeRules:
         open_ = snap["in_flight"] + snap["buffered"]
         room = self.pace.outstanding - open_
         if self.pace.synchronous:
-            room = min(room, want - open_)
+            room = min(room, self.wanted - open_)
         if self.config.admission:
             per_version = self.pace.batch_groups * self.pace.sync_interval / self.pace.updates_per_batch
             budget = (version + self.config.max_staleness + 1) * per_version
@@ -87,10 +88,15 @@ class IntakeRules:
         return max(0, room)
 
     @_locked
-    def dispatch(self, version: int, want: int = 0) -> list[tuple[int, Prompt]]:
+    def want(self, n: int) -> None:
+        """The learner starts waiting for `n` groups."""
+        self.wanted = n
+
+    @_locked
+    def dispatch(self, version: int) -> list[tuple[int, Prompt]]:
         """(actor, prompt) pairs to send now, each to the actor holding the fewest."""
         out = []
-        for _ in range(self.admissible(version, want)):
+        for _ in range(self.admissible(version)):
             prompt = self.source.next()
             actor = min(range(len(self.held)), key=lambda a: len(self.held[a]))
             self.held[actor].append((prompt.id, prompt.attempt))
@@ -153,6 +159,7 @@ class IntakeRules:
             self.exclude(group.prompt_id, group.attempt, "stale")
             return None
         self.ledger.consume(group.prompt_id, group.attempt)
+        self.wanted = max(0, self.wanted - 1)
         return staleness
 
     @_locked

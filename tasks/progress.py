@@ -24,6 +24,15 @@ class StepMeter:
         self._last_record = time.perf_counter()
         self._last_log = 0.0
         self._acting: dict = {}  # the latest rollout performance, kept while no group finishes
+        self._take_s = self._publish_s = 0.0  # since the last record
+
+    def took(self, seconds: float) -> None:
+        """Time the learner spent taking a batch from the buffer (waiting included)."""
+        self._take_s += seconds
+
+    def published(self, seconds: float) -> None:
+        """Time the learner spent publishing weights to the actors."""
+        self._publish_s += seconds
 
     def record(self, step: int, version: int, groups: list[Group], train: dict, train_s: float,
                reader: BufferReader, compiles: int, ledger: Ledger) -> dict:
@@ -43,6 +52,8 @@ class StepMeter:
             "trained_reward_mean": float(rewards.mean()),
             "learner_busy": min(1.0, train_s / elapsed) if elapsed > 0 else 1.0,
             "train_s": train_s,
+            "take_s": self._take_s,
+            "publish_s": self._publish_s,
             "buffer_depth": reader.depth,
             "excluded": dict(ledger.excluded),
             "compiles": compiles,
@@ -61,6 +72,7 @@ class StepMeter:
         }
         if "success_rate" in self._acting:
             record["success_rate"] = self._acting["success_rate"]
+        self._take_s = self._publish_s = 0.0
         if now - self._last_log >= self.every_s:
             self._last_log = now
             self.log.info(_line(record))

@@ -75,7 +75,7 @@ class Session:
         self.source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
         pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
                     updates_per_batch=spec.learner.updates_per_batch,
-                    outstanding=spec.buffer.capacity + spec.actors.n_actors + spec.learner.batch_groups,
+                    outstanding=spec.buffer.capacity + spec.actors.n_actors + 2 * spec.learner.batch_groups,
                     synchronous=spec.learner.mode == "sync")
         self.rules = IntakeRules(spec.buffer, self.ledger, self.source, pace, spec.actors.n_actors,
                                  log=log.warning)
@@ -121,8 +121,9 @@ class Session:
         return state, latest
 
     def _reader(self, check) -> BufferReader:
+        # Two batches ahead: the next batch's transfer overlaps the current step.
         return BufferReader(self.channels, self.client, self.rules, capacity=self.spec.buffer.capacity,
-                            prefetch=self.spec.learner.batch_groups, check=check).start()
+                            prefetch=2 * self.spec.learner.batch_groups, check=check).start()
 
     def _start_actors(self) -> list:
         spec = self.spec
@@ -152,7 +153,9 @@ class Session:
         step = int(state.step)
         meter = StepMeter(self.log)
         while step < spec.learner.steps:
+            start = time.perf_counter()
             groups = reader.take(spec.learner.batch_groups, version)
+            meter.took(time.perf_counter() - start)
             # One batch is `learner.minibatches × learner.epochs` steps (optimizer updates).
             updates = self.train_step.updates(state, self._batch(groups))
             start = time.perf_counter()
@@ -166,7 +169,9 @@ class Session:
                 if step % spec.sync.interval == 0:
                     version += 1
                     reader.version = version
+                    published = time.perf_counter()
                     publisher.publish(version, params_numpy(state))
+                    meter.published(time.perf_counter() - published)
                     if version % spec.checkpoint.every == 0 or step >= spec.learner.steps:
                         self._checkpoint(state, step, version, record)
                 if step >= spec.learner.steps:
