@@ -218,6 +218,7 @@ def _raise_if_stopped(actors: list) -> None:
     """Surfaces an actor's failure to the learner instead of letting it wait forever."""
     for future in actors:
         if future.status == "error":
-            raise RuntimeError(f"actor {future.key} failed") from future.exception()
+            error = future.exception()
+            raise RuntimeError(f"actor {future.key} failed: {type(error).__name__}: {error}") from error
         if future.done():
             raise RuntimeError(f"actor {future.key} stopped before the learner finished")

@@ -1,0 +1,48 @@
+"""A spec whose `model.init` names a Hugging Face checkpoint (a tiny Llama saved by
+`transformers` here, with its tokenizer and chat template) runs end to end."""
+
+import json
+
+import pytest
+
+from tasks.accounting import balanced
+from tests.conftest import tandem
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.e2e
+
+TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+            "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+WORDS = ["[UNK]", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "user", "assistant",
+         *"abcdefghijkl", ":", "<", ">", "=", "?"]
+
+
+def save_checkpoint(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
+    tokenizer.add_special_tokens(WORDS[1:4])
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "bos_token": None, "chat_template": TEMPLATE}))
+
+
+def test_spec_with_a_hugging_face_checkpoint_trains(prefect_api, tmp_path):
+    checkpoint, run_dir = tmp_path / "tiny-llama", tmp_path / "run"
+    checkpoint.mkdir()
+    save_checkpoint(checkpoint)
+    result = tandem("run", "specs/guess-number.yaml", "--set", f"model={{init: {checkpoint}, max_len: 96}}",
+                    "--set", "learner.buckets=[96]", "--set", "learner.steps=4", "--set", "learner.batch_groups=2",
+                    "--set", "actors.max_new_tokens=3", "--set", "buffer.filters=[]",
+                    "--set", f"checkpoint.dir={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    accounting = json.loads((run_dir / "accounting.json").read_text())
+    assert accounting["consumed"] == 8 and balanced(accounting)
+    spec = (run_dir / "spec.yaml").read_text()
+    assert "kind: hf" in spec and "qkv_bias: false" in spec
