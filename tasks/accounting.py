@@ -19,22 +19,23 @@ IN_FLIGHT, BUFFERED = "in_flight", "buffered"
 class Ledger:
     def __init__(self):
         self._lock = threading.Lock()
-        self._open: dict[tuple[int, int], tuple[Prompt, str]] = {}
+        # Open attempts: their prompt, state, and the version current when dispatched.
+        self._open: dict[tuple[int, int], tuple[Prompt, str, int]] = {}
         self.started = 0
         self.consumed = 0
         self.excluded: collections.Counter[str] = collections.Counter()
         self.retried = 0
 
-    def dispatched(self, prompt: Prompt) -> None:
+    def dispatched(self, prompt: Prompt, version: int = 0) -> None:
         with self._lock:
-            self._open[prompt.id, prompt.attempt] = (prompt, IN_FLIGHT)
+            self._open[prompt.id, prompt.attempt] = (prompt, IN_FLIGHT, version)
             self.started += 1
 
     def buffered(self, prompt_id: int, attempt: int) -> None:
         with self._lock:
             entry = self._open.get((prompt_id, attempt))
             if entry is not None:
-                self._open[prompt_id, attempt] = (entry[0], BUFFERED)
+                self._open[prompt_id, attempt] = (entry[0], BUFFERED, entry[2])
 
     def consume(self, prompt_id: int, attempt: int) -> None:
         with self._lock:
@@ -58,11 +59,16 @@ class Ledger:
     def open_prompts(self) -> list[Prompt]:
         """Prompts in flight or buffered: what a resumed run must generate again."""
         with self._lock:
-            return [prompt for prompt, _ in self._open.values()]
+            return [prompt for prompt, _, _ in self._open.values()]
+
+    def oldest_open_version(self) -> int | None:
+        """The earliest version at which a still open attempt was dispatched."""
+        with self._lock:
+            return min((version for _, _, version in self._open.values()), default=None)
 
     def snapshot(self) -> dict:
         with self._lock:
-            states = collections.Counter(state for _, state in self._open.values())
+            states = collections.Counter(state for _, state, _ in self._open.values())
             return {
                 "started": self.started,
                 "in_flight": states[IN_FLIGHT],

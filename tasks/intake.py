@@ -72,8 +72,10 @@ class IntakeRules:
         """How many new attempts may start now.
 
         Bounded by `pace.outstanding`; with `buffer.admission`, also by the staleness budget
-        (AReaL): an attempt started at version v is taken, in FIFO order, at about version
-        (consumed + open) / (batch_groups × sync_interval); it must not exceed v + max_staleness.
+        (AReaL-style): G groups are consumed per version, so while an attempt dispatched at
+        version v is open, at most (v + max_staleness + 1)·G groups may be consumed or open;
+        it is then taken at a version ≤ v + max_staleness, whatever order groups arrive in.
+        v is the oldest open attempt's (or the current version if none is open).
         In synchronous mode, only what the waiting learner still lacks.
         """
         snap = self.ledger.snapshot()
@@ -83,7 +85,9 @@ class IntakeRules:
             room = min(room, self.wanted - open_)
         if self.config.admission:
             per_version = self.pace.batch_groups * self.pace.sync_interval / self.pace.updates_per_batch
-            budget = (version + self.config.max_staleness + 1) * per_version
+            oldest = self.ledger.oldest_open_version()
+            oldest = version if oldest is None else oldest
+            budget = (oldest + self.config.max_staleness + 1) * per_version
             room = min(room, int(budget) - snap["consumed"] - open_)
         return max(0, room)
 
@@ -100,7 +104,7 @@ class IntakeRules:
             prompt = self.source.next()
             actor = min(range(len(self.held)), key=lambda a: len(self.held[a]))
             self.held[actor].append((prompt.id, prompt.attempt))
-            self.ledger.dispatched(prompt)
+            self.ledger.dispatched(prompt, version)
             out.append((actor, prompt))
         return out
 
