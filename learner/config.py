@@ -171,6 +171,10 @@ class LearnerConfig(Frozen):
     # "sync": the baseline that waits: generate a batch with the latest weights, train on
     # it, publish, repeat (publishes every step; needs sync.interval 1).
     mode: Literal["async", "sync"] = "async"
+    # Stop before `steps` once the acting policy's success rate, averaged over the last
+    # `stop_window` steps, reaches this (checked when a version is published); None: never.
+    stop_at_success: float | None = Field(None, gt=0, le=1)
+    stop_window: PositiveInt = 20
 
     @field_validator("buckets")
     @classmethod

@@ -8,6 +8,7 @@ It runs in the learner's own process and touches no Prefect API itself.
 
 from __future__ import annotations
 
+import collections
 import time
 from pathlib import Path
 from typing import Protocol
@@ -83,6 +84,7 @@ class Session:
         self.train_step = TrainStep(spec.model, spec.learner, self.mesh)
         self.version_rows: list[dict] = []
         self._uncommitted: dict | None = None  # the record of a checkpoint still being written
+        self._recent_success = collections.deque(maxlen=spec.learner.stop_window)  # per step
 
     def run(self) -> dict:
         state, version = self._restore_or_init()
@@ -164,6 +166,7 @@ class Session:
                 record = meter.record(step, version, groups, train_metrics, time.perf_counter() - start,
                                       reader, self.train_step.compiles, self.ledger)
                 self.metrics.append(record)
+                self._recent_success.append(record.get("success_rate", 0.0))
                 self.tensorboard.add(record)
                 self.reporter.progress(step, version)
                 if step % spec.sync.interval == 0:
@@ -172,12 +175,26 @@ class Session:
                     published = time.perf_counter()
                     publisher.publish(version, params_numpy(state))
                     meter.published(time.perf_counter() - published)
-                    if version % spec.checkpoint.every == 0 or step >= spec.learner.steps:
+                    done = step >= spec.learner.steps or self._converged()
+                    if version % spec.checkpoint.every == 0 or done:
                         self._checkpoint(state, step, version, record)
+                    if done:
+                        return state, version
                 if step >= spec.learner.steps:
                     break
                 start = time.perf_counter()
         return state, version
+
+    def _converged(self) -> bool:
+        """Whether `learner.stop_at_success` is reached (over the last `stop_window` steps)."""
+        target, window = self.spec.learner.stop_at_success, self.spec.learner.stop_window
+        if target is None:
+            return False
+        recent = self._recent_success
+        if len(recent) == window and np.mean(recent) >= target:
+            self.log.info(f"success {np.mean(recent):.1%} over the last {window} steps: stopping")
+            return True
+        return False
 
     def _batch(self, groups: list[Group]):
         rewards = np.stack([g.rewards for g in groups])
