@@ -15,4 +15,4 @@ demo: setup
 	$(VENV)/bin/tandem run specs/guess-number.yaml
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
