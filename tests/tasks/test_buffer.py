@@ -1,0 +1,93 @@
+"""The buffer over a real Dask queue: FIFO in arrival order, entry checks, backpressure."""
+
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, get_client
+
+from learner.trajectory import OBSERVATION, Group, Sample
+from tasks.accounting import Ledger, balanced
+from tasks.buffer import BufferReader, BufferWriter, Channels, EntryChecks
+from tasks.config import BufferConfig, DataConfig
+from tasks.data import PromptSource
+from tasks.envs.guess_number import GuessNumber
+from tasks.filters import zero_variance
+from tasks.intake import IntakeRules, Pace
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=1, threads_per_worker=3, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
+def make_group(prompt_id, rewards=(0.0, 1.0), reward_nan=False):
+    versions = np.array([OBSERVATION, 0], np.int32)
+    samples = tuple(Sample(np.array([1, 3], np.int32), np.zeros(2, np.float32), versions,
+                           float("nan") if reward_nan else r) for r in rewards)
+    return Group(prompt_id, "secret=a", samples, 0.0, 0.0)
+
+
+def produce(actor, session, prompt_id, delay, **group):
+    """An actor's end: wait `delay` (a slow episode), then put the group."""
+    time.sleep(delay)
+    checks = EntryChecks({"zero_variance": zero_variance}, vocab_size=10, max_len=8)
+    return BufferWriter(actor, Channels(session), get_client(), checks).put(make_group(prompt_id, **group))
+
+
+def reader_for(client, session, n_actors=3, capacity=8):
+    source = PromptSource(DataConfig(), GuessNumber, {}, seed=0)
+    rules = IntakeRules(BufferConfig(capacity=capacity), Ledger(), source,
+                        Pace(batch_groups=1, sync_interval=1, outstanding=n_actors), n_actors, log=lambda _: None)
+    return BufferReader(Channels(session), client, rules, capacity=capacity, prefetch=1).start()
+
+
+def test_groups_are_taken_in_arrival_order_not_submission_order(client):
+    reader = reader_for(client, "fifo")
+    try:
+        time.sleep(0.3)  # the reader dispatches prompts 0, 1, 2 to actors 0, 1, 2: A, B, C
+        # Submitted A, B, C; B finishes first, then C, then A.
+        futures = [client.submit(produce, actor, "fifo", actor, delay, pure=False)
+                   for actor, delay in ((0, 1.5), (1, 0.1), (2, 0.8))]
+        client.gather(futures)
+        taken = [reader.take(1, version=0)[0].prompt_id for _ in range(3)]
+        assert taken == [1, 2, 0]  # B, C, A
+        assert balanced(reader.rules.accounting())
+    finally:
+        reader.close()
+        reader.release()
+
+
+def test_entry_checks_exclude_before_the_buffer(client):
+    reader = reader_for(client, "entry")
+    try:
+        time.sleep(0.3)
+        client.gather([
+            client.submit(produce, 0, "entry", 0, 0.0, rewards=(1.0, 1.0), pure=False),  # zero variance
+            client.submit(produce, 1, "entry", 1, 0.0, reward_nan=True, pure=False),  # invalid
+            client.submit(produce, 2, "entry", 2, 0.0, pure=False)])
+        assert reader.take(1, version=0)[0].prompt_id == 2
+        time.sleep(0.3)
+        accounting = reader.rules.accounting()
+        assert accounting["excluded"] == {"filtered": 1, "invalid": 1} and balanced(accounting)
+    finally:
+        reader.close()
+        reader.release()
+
+
+def test_a_full_buffer_blocks_the_producer_until_the_learner_takes(client):
+    reader = reader_for(client, "full", n_actors=3, capacity=1)
+    try:
+        time.sleep(0.3)
+        client.gather([client.submit(produce, 0, "full", 0, 0.0, pure=False)])  # fills it (and prefetch)
+        client.gather([client.submit(produce, 1, "full", 1, 0.0, pure=False)])  # fills it again
+        blocked = client.submit(produce, 2, "full", 2, 0.0, pure=False)
+        time.sleep(1.0)
+        assert not blocked.done()  # waiting for room
+        reader.take(1, version=0)
+        assert blocked.result(timeout=10) > 0.5  # the seconds it was blocked
+    finally:
+        reader.close()
+        reader.release()
