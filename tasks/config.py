@@ -21,7 +21,8 @@ class EnvConfig(Frozen):
     latency_s: NonNegativeFloat = 0.0  # mean delay added before every env step (simulates slow tools)
     # fixed: latency_s every step; uniform: U(0, 2·latency_s); exponential: mean latency_s
     latency_dist: Literal["fixed", "uniform", "exponential"] = "fixed"
-    episode_timeout_s: PositiveFloat = 30.0
+    episode_timeout_s: PositiveFloat = 30.0  # a group taking longer is aborted
+    step_timeout_s: PositiveFloat | None = None  # one env call (reset or step) taking longer aborts the group
 
 
 class DataConfig(Frozen):

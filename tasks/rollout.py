@@ -173,8 +173,11 @@ class GroupRunner:
         return mean
 
     async def _env_call(self, method, *args):
+        timeout = self.env_config.step_timeout_s
         try:
-            return await _call(method, *args)
+            return await asyncio.wait_for(_call(method, *args), timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise EpisodeAborted(f"env step timeout after {timeout}s") from None
         except EpisodeAborted:
             raise
         except Exception as e:  # an environment's failure aborts the group, never the actor

@@ -58,10 +58,11 @@ def params():
     return jax.device_get(init_params(MODEL, 0))
 
 
-def play(env_factory, params, version=0, refresh=None, group_size=3, max_turns=4, timeout=30.0, **actors):
+def play(env_factory, params, version=0, refresh=None, group_size=3, max_turns=4, timeout=30.0,
+         step_timeout_s=None, **actors):
     runner = GroupRunner([env_factory() for _ in range(group_size)], Sampler(MODEL),
                          make_tokenizer(MODEL),
-                         EnvConfig(max_turns=max_turns, episode_timeout_s=timeout),
+                         EnvConfig(max_turns=max_turns, episode_timeout_s=timeout, step_timeout_s=step_timeout_s),
                          ActorsConfig(group_size=group_size, max_new_tokens=2, **actors))
     return asyncio.run(runner.run(7, "p", 1, params, version, jax.random.PRNGKey(0), refresh=refresh))
 
@@ -93,6 +94,11 @@ def test_max_turns_without_finishing_aborts(params):
 
 def test_episode_timeout_aborts(params):
     assert play(Hang, params, timeout=0.5).aborted == "timeout after 0.5s"
+
+
+def test_step_timeout_aborts(params):
+    group = play(Hang, params, timeout=30.0, step_timeout_s=0.3)
+    assert group.aborted == "env step timeout after 0.3s"
 
 
 def test_nan_reward_is_recorded_and_found_invalid(params):

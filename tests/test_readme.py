@@ -1,0 +1,39 @@
+"""The README's worked example runs as written."""
+
+import asyncio
+import re
+import sys
+
+import jax
+
+from flows.spec import parse_spec
+from learner.chat import make_tokenizer
+from learner.model import init_params
+from learner.sampling import Sampler
+from tasks.envs import resolve_entrypoint
+from tasks.rollout import GroupRunner
+from tests.conftest import ROOT
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+
+
+def test_worked_example_environment_plays_a_group(tmp_path, monkeypatch):
+    code = next(b for b in blocks("python") if "class Parity" in b)
+    spec_text = next(b for b in blocks("yaml") if "name: parity" in b)
+    (tmp_path / "my_envs").mkdir()
+    (tmp_path / "my_envs" / "parity.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = parse_spec(spec_text)
+    env_class = resolve_entrypoint(spec.env.entrypoint)
+    tokenizer = make_tokenizer(spec.model)
+    runner = GroupRunner([env_class(**spec.env.kwargs) for _ in range(4)],
+                         Sampler(spec.model, stop_ids=tokenizer.stop_ids), tokenizer, spec.env,
+                         spec.actors.model_copy(update={"group_size": 4}))
+    prompt = env_class(**spec.env.kwargs).task(__import__("random").Random(0))
+    group = asyncio.run(runner.run(0, prompt, 0, init_params(spec.model, 0), 0, jax.random.PRNGKey(0)))
+    assert group.aborted is None and len(group.samples) == 4
+    assert all(s.success is not None for s in group.samples)
+    sys.modules.pop("my_envs.parity", None)
+    sys.modules.pop("my_envs", None)
