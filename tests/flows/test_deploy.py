@@ -102,3 +102,64 @@ def test_deployed_spec_runs_on_a_process_worker(process_worker, tmp_path):
     assert (row["version"], row["step"]) == (1, 4)
     assert Path(row["checkpoint"]).is_dir()
     assert balanced(json.loads((tmp_path / "run" / "accounting.json").read_text()))
+
+
+@pytest.mark.e2e
+def test_killed_flow_run_retried_from_prefect_continues_from_its_checkpoint(process_worker, tmp_path):
+    import time
+
+    import psutil
+
+    run_dir = tmp_path / "run"
+    spec = yaml.safe_load((ROOT / "specs" / "guess-number.yaml").read_text())
+    spec["learner"] |= {"steps": 120, "batch_groups": 4, "stop_at_success": None}
+    spec["buffer"]["capacity"] = 8
+    spec["checkpoint"]["dir"] = str(run_dir)
+    flow_run = run_deployment("tandem-train/guess-number", parameters={"spec": spec}, timeout=0)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoints" / "2").exists():
+        assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+        time.sleep(0.5)
+    # The flow's process (the worker's child that carries this flow run) and all it started.
+    flow_process = next(p for p in psutil.Process(os.getpid()).children(recursive=True) + _worker_tree()
+                        if _runs_flow(p, flow_run.id))
+    for process in [*flow_process.children(recursive=True), flow_process]:
+        process.kill()
+    with get_client(sync_client=True) as client:
+        while not client.read_flow_run(flow_run.id).state.is_final():
+            assert time.monotonic() < deadline + 120
+            time.sleep(1)
+        assert not client.read_flow_run(flow_run.id).state.is_completed()
+        last = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+        result = subprocess.run([PREFECT, "flow-run", "retry", str(flow_run.id)], cwd=ROOT,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        while not client.read_flow_run(flow_run.id).state.is_final():
+            assert time.monotonic() < deadline + 900
+            time.sleep(1)
+        state = client.read_flow_run(flow_run.id).state
+    assert state.is_completed(), (tmp_path / "worker.log").read_text()[-4000:]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, 121))  # continued, nothing duplicated
+    assert "resumed from" in (tmp_path / "worker.log").read_text() and last >= 2
+    assert balanced(json.loads((run_dir / "accounting.json").read_text()))
+
+
+def _worker_tree():
+    import psutil
+
+    return [p for p in psutil.process_iter() if "prefect.engine" in " ".join(_cmdline(p))]
+
+
+def _cmdline(process) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # noqa: BLE001 - a process that ended meanwhile
+        return []
+
+
+def _runs_flow(process, flow_run_id) -> bool:
+    try:
+        return process.environ().get("PREFECT__FLOW_RUN_ID") == str(flow_run_id)
+    except Exception:  # noqa: BLE001 - a process that ended or that we may not read
+        return False
