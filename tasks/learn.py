@@ -8,6 +8,7 @@ and the new session resumes from the latest checkpoint.
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import queue
@@ -23,6 +24,7 @@ from tasks.records import ProgressRecord, record_version
 from tasks.session import RunSpec, Session
 
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
+LOCK_FILE = "learner.lock"  # held (flock) by that process
 
 
 @task(name="learner", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, persist_result=False)
@@ -102,7 +104,17 @@ class _Events:
 
 
 def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, events) -> None:
-    pid_file = spec.run_dir.resolve() / PID_FILE
+    run_dir = spec.run_dir.resolve()
+    pid_file = run_dir / PID_FILE
+    # One learner per run directory: a second one (a run started twice) would interleave
+    # checkpoints and metrics. The kernel drops the lock when this process dies.
+    lock = (run_dir / LOCK_FILE).open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        events.put(("error", f"RuntimeError: {run_dir} is in use by another learner "
+                             f"(pid {pid_file.read_text() if pid_file.exists() else '?'})"))
+        return
     pid_file.write_text(str(os.getpid()))
     try:
         with Client(scheduler_address) as client:
