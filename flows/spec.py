@@ -65,11 +65,16 @@ class Spec(Frozen):
 @dataclasses.dataclass(frozen=True)
 class SpecIssue:
     path: str
-    line: int | None  # 1-based YAML line; None for a --set override or a missing file
+    line: int | None  # 1-based YAML line; 0 for the whole file; None for a --set override
     message: str
 
     def __str__(self) -> str:
-        where = f"line {self.line}" if self.line else "--set" if self.line is None else "spec"
+        if self.line is None:
+            where = "--set"
+        elif self.line == 0:  # the file as a whole (it cannot be read)
+            where = "spec"
+        else:
+            where = f"line {self.line}"
         return f"{self.path or '<spec>'} ({where}): {self.message}"
 
 

@@ -100,10 +100,11 @@ class Session:
             self._record_committed()
         finally:
             self._stop(actors, reader)
-            write_json_atomic(self.run_dir / "accounting.json", self.rules.accounting())
+            accounting = self.rules.accounting()
+            write_json_atomic(self.run_dir / "accounting.json", accounting)
             self.checkpoints.close()
             self.tensorboard.close()
-        return {"step": int(state.step), "version": version, "accounting": self.rules.accounting()}
+        return {"step": int(state.step), "version": version, "accounting": accounting}
 
     def _restore_or_init(self):
         latest = self.checkpoints.latest_version()
