@@ -30,8 +30,8 @@ SPEC = "specs/guess-number.yaml"
 # about twice the learner's per-update compute to play a group (small jitted calls), so with
 # one update per batch one actor core could feed at most about half of one learner core.
 BENCH = ["model.d_model=256", "model.n_heads=8", "model.n_kv_heads=4", "model.d_ff=1024",
-         "learner.batch_groups=4", "learner.epochs=4", "learner.steps=100000", "buffer.capacity=8",
-         "sync.interval=1", "checkpoint.every=100000", "checkpoint.keep=1"]
+         "learner.optimizer.lr=0.0003", "learner.batch_groups=4", "learner.epochs=4", "learner.steps=100000", "buffer.capacity=8",
+         "sync.interval=4", "checkpoint.every=100000", "checkpoint.keep=1"]
 
 
 def cell(mode: str, latency: float, args, learner_cores, actor_cores, work: Path) -> dict:

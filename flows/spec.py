@@ -46,9 +46,12 @@ class Spec(Frozen):
         return self
 
     @model_validator(mode="after")
-    def _sync_mode_publishes_every_step(self) -> "Spec":
-        if self.learner.mode == "sync" and self.sync.interval != 1:
-            raise ValueError("sync.interval: learner.mode sync publishes after every step; set it to 1")
+    def _sync_mode_publishes_every_batch(self) -> "Spec":
+        steps = self.learner.updates_per_batch
+        if self.learner.mode == "sync" and self.sync.interval != steps:
+            raise ValueError(
+                f"sync.interval: learner.mode sync publishes once per batch, after its {steps} "
+                f"step(s) (learner.minibatches × learner.epochs); set it to {steps}")
         return self
 
     @property

@@ -14,6 +14,7 @@ and each further token costs one position, not the whole window.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -224,7 +225,6 @@ def init_params(config: ModelConfig, seed: int | jax.Array) -> Params:
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
-@functools.cache  # one function per config, so jit caches keyed on it are shared
 def forward_fn(config: ModelConfig) -> Forward:
     """The model as a pure function `(params, tokens, positions, segment_ids) -> logits`.
 
@@ -232,15 +232,9 @@ def forward_fn(config: ModelConfig) -> Forward:
     allocated); each call rebuilds the module around `params`, which is free under
     `jax.jit` and lets the same function serve the sampler and the train step.
     """
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
-    return functools.partial(_forward, graphdef)
+    return _Forward(config)
 
 
-def _forward(graphdef: nnx.GraphDef, params: Params, tokens, positions, segment_ids) -> jax.Array:
-    return nnx.merge(graphdef, params)(tokens, positions, segment_ids)
-
-
-@functools.cache
 def extend_fn(config: ModelConfig) -> Extend:
     """The model over a KV cache: `(params, tokens, positions, cache, last) -> (logits, cache)`.
 
@@ -254,12 +248,32 @@ def extend_fn(config: ModelConfig) -> Extend:
     Returns:
       (float32 [B, vocab] next-token logits, the updated cache).
     """
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
-    return functools.partial(_extend, graphdef)
+    return _Extend(config)
 
 
-def _extend(graphdef: nnx.GraphDef, params: Params, tokens, positions, cache, last):
-    return nnx.merge(graphdef, params).extend(tokens, positions, cache, last)
+# The model functions are jit static arguments: they compare by config, not by identity,
+# so that every caller with an equal config (any thread, any unpickled copy) shares the
+# compiled code. (Functions cached per config were not enough: actors starting together
+# in one process each built their own, and compiled every shape once each.)
+@dataclasses.dataclass(frozen=True)
+class _Forward:
+    config: ModelConfig
+
+    def __call__(self, params: Params, tokens, positions, segment_ids) -> jax.Array:
+        return nnx.merge(_graphdef(self.config), params)(tokens, positions, segment_ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Extend:
+    config: ModelConfig
+
+    def __call__(self, params: Params, tokens, positions, cache, last):
+        return nnx.merge(_graphdef(self.config), params).extend(tokens, positions, cache, last)
+
+
+@functools.cache
+def _graphdef(config: ModelConfig) -> nnx.GraphDef:
+    return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))[0]
 
 
 def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:

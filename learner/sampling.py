@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import Callable, Literal
 
 import jax
@@ -30,6 +31,22 @@ from learner.tokenizer import EOS
 OnSync = Literal["retract", "finish", "abort"]
 Refresh = Callable[[], tuple[int, Params]]
 _MIN_PREFILL = 16  # shortest prefill bucket: shorter prompts cost the same anyway
+
+# Threads that call a jitted function with a new shape at the same time each compile it
+# (jit does not wait for a compile in progress): many actors sharing a process would
+# compile every new shape once each, concurrently. The first call of each shape holds
+# this lock; the others wait for it, then hit the cache.
+_compiled: set = set()
+_compile_lock = threading.Lock()
+
+
+def _first_call_alone(key, call):
+    if key in _compiled:
+        return call()
+    with _compile_lock:
+        result = call()
+        _compiled.add(key)
+    return result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +225,9 @@ class Sampler:
         aborted = False
         while True:
             key, chunk_key = jax.random.split(key)
-            state = decode(self._extend, params, state, chunk_key, chunk, self._stop_array(), sampling)
+            state = _first_call_alone(
+                ("decode", self.config, state.tokens.shape, sampling, self.stop_ids),
+                lambda: decode(self._extend, params, state, chunk_key, chunk, self._stop_array(), sampling))
             if not checking or bool(np.all(state.done)):
                 break
             latest, latest_params = refresh()
@@ -245,7 +264,8 @@ class Sampler:
 
     def _prefill(self, params: Params, state: DecodeState) -> DecodeState:
         length = min(_bucket(int(np.max(state.lengths)), _MIN_PREFILL), self.max_len)
-        return prefill(self._extend, params, state, length)
+        return _first_call_alone(("prefill", self.config, state.tokens.shape, length),
+                                 lambda: prefill(self._extend, params, state, length))
 
     def _stop_array(self) -> jax.Array:
         return jnp.asarray(self.stop_ids, jnp.int32)

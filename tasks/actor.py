@@ -48,7 +48,7 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
     channels = setup.channels
     prompts = Queue(channels.prompts(actor_id), client=client)
     stop = Event(channels.stop, client=client)
-    weights = WeightSubscriber(channels.weights, client)
+    weights = WeightSubscriber(channels.weights, client, load=jax.device_put)
     checks = EntryChecks({name: resolve_filter(name) for name in setup.buffer.filters},
                          vocab_size=setup.model.vocab_size, max_len=setup.model.max_len)
     writer = BufferWriter(actor_id, channels, client, checks)
@@ -61,7 +61,6 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
         env_config=setup.env, actors_config=setup.actors)
     base_key = jax.random.PRNGKey(setup.seed)
     stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "params_get_s": 0.0, "queue_put_s": 0.0}
-    device_params, params_version = None, None
     while True:
         wire = prompts.get()
         if wire is None or stop.is_set():
@@ -69,12 +68,10 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
         prompt = Prompt.from_wire(wire)
         start = time.perf_counter()
         version, params = weights.latest()
-        if version != params_version:
-            device_params, params_version = jax.device_put(params), version
         stats["params_get_s"] += time.perf_counter() - start
         key = jax.random.fold_in(jax.random.fold_in(base_key, prompt.id), prompt.attempt)
         start = time.perf_counter()
-        group = asyncio.run(runner.run(prompt.id, prompt.text, prompt.attempt, device_params, version,
+        group = asyncio.run(runner.run(prompt.id, prompt.text, prompt.attempt, params, version,
                                        key, refresh=weights.latest))
         stats["rollout_s"] += time.perf_counter() - start
         start = time.perf_counter()

@@ -25,14 +25,17 @@ class StepMeter:
         self._last_log = 0.0
         self._acting: dict = {}  # the latest rollout performance, kept while no group finishes
         self._take_s = self._publish_s = 0.0  # since the last record
+        self._publish_lag_s = 0.0
 
     def took(self, seconds: float) -> None:
         """Time the learner spent taking a batch from the buffer (waiting included)."""
         self._take_s += seconds
 
-    def published(self, seconds: float) -> None:
-        """Time the learner spent publishing weights to the actors."""
+    def published(self, seconds: float, lag_s: float) -> None:
+        """Time the learner spent publishing weights to the actors, and how long the last
+        version sent took to reach them (sent in the background, in async mode)."""
         self._publish_s += seconds
+        self._publish_lag_s = lag_s
 
     def record(self, step: int, version: int, groups: list[Group], train: dict, train_s: float,
                reader: BufferReader, compiles: int, ledger: Ledger) -> dict:
@@ -54,6 +57,7 @@ class StepMeter:
             "train_s": train_s,
             "take_s": self._take_s,
             "publish_s": self._publish_s,
+            "publish_lag_s": self._publish_lag_s,
             "buffer_depth": reader.depth,
             "excluded": dict(ledger.excluded),
             "compiles": compiles,

@@ -99,6 +99,7 @@ class Session:
             state, version = self._train(state, version, reader, publisher)
             self._record_committed()
         finally:
+            publisher.close()
             self._stop(actors, reader)
             accounting = self.rules.accounting()
             write_json_atomic(self.run_dir / "accounting.json", accounting)
@@ -175,7 +176,9 @@ class Session:
                     reader.version = version
                     published = time.perf_counter()
                     publisher.publish(version, params_numpy(state))
-                    meter.published(time.perf_counter() - published)
+                    if spec.learner.mode == "sync":  # the next batch is played with these weights
+                        publisher.wait()
+                    meter.published(time.perf_counter() - published, publisher.lag_s)
                     done = step >= spec.learner.steps or self._converged()
                     if version % spec.checkpoint.every == 0 or done:
                         self._checkpoint(state, step, version, record)

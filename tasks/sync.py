@@ -2,25 +2,87 @@
 
 Params cross Dask as a NumPy pytree (JAX arrays lose their sharding when pickled),
 scattered once per version and named by a `distributed.Variable`. Actors fetch a
-version at most once (the Variable's future key tells them whether it changed);
-replicas are not broadcast up front, since the Active Memory Manager would drop them.
+version at most once per worker process (the Variable's future key tells them whether it
+changed); replicas are not broadcast up front, since the Active Memory Manager would
+drop them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+import time
+from typing import Any, Callable
 
 from distributed import Client, Variable
 
 
 class WeightPublisher:
+    """Publishes from a thread of its own, so the learner does not wait on Dask.
+
+    The learner hands over host params and goes on training while the scatter and the two
+    Variable updates (scheduler round trips, slow when the scheduler is busy) run here.
+    Only the newest version waiting is sent: actors want the latest, and a version
+    superseded before it left would never be used.
+    """
+
     def __init__(self, name: str, client: Client):
         self._client = client
         self._variable = Variable(name, client=client)
         self._version = Variable(f"{name}-version", client=client)
         self._future = None
+        self._pending: tuple[int, Any, float] | None = None
+        self._sending = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self.lag_s = 0.0  # handover to visible, of the last version sent
+        self.skipped = 0  # versions superseded before they were sent
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._send_loop, name="weight-publisher", daemon=True)
+        self._thread.start()
 
     def publish(self, version: int, params: Any) -> None:
+        """Hands `params` of `version` over; returns at once (raises a failed earlier send)."""
+        with self._cond:
+            self._raise_failed()
+            self.skipped += self._pending is not None
+            self._pending = (version, params, time.perf_counter())
+            self._cond.notify_all()
+
+    def wait(self) -> None:
+        """Until the last version handed over is visible to the actors."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._error or not (self._pending or self._sending))
+            self._raise_failed()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _raise_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"publishing weights failed: {self._error!r}") from self._error
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closed)
+                if self._pending is None:
+                    return
+                (version, params, handed), self._pending, self._sending = self._pending, None, True
+            try:
+                self._send(version, params)
+            except BaseException as error:  # surfaced to the learner at its next call
+                with self._cond:
+                    self._error, self._sending = error, False
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self.lag_s, self._sending = time.perf_counter() - handed, False
+                self._cond.notify_all()
+
+    def _send(self, version: int, params: Any) -> None:
         # In a list: scatter would make a future per entry of a bare dict.
         [future] = self._client.scatter([{"version": version, "params": params}], hash=False)
         self._variable.set(future)
@@ -29,18 +91,33 @@ class WeightPublisher:
 
 
 class WeightSubscriber:
-    def __init__(self, name: str, client: Client):
+    """The latest published weights, as `load(params)` makes them (e.g. on the device).
+
+    Actors that share a worker process share one copy per version: it is fetched and
+    loaded once, by whichever asks first.
+    """
+
+    _shared: dict[str, tuple[str, int, Any]] = {}  # channel -> (future key, version, loaded)
+    _lock = threading.Lock()
+
+    def __init__(self, name: str, client: Client, load: Callable[[Any], Any] = lambda params: params):
+        self._name, self._load = name, load
         self._variable = Variable(name, client=client)
         self._version = Variable(f"{name}-version", client=client)
-        self._key = None
-        self._latest: dict | None = None
 
     def latest(self, timeout: float | None = None) -> tuple[int, Any]:
-        """(version, params) last published; fetches params only when the version changed."""
+        """(version, params) last published; fetched only when the version changed."""
         future = self._variable.get(timeout=timeout)
-        if future.key != self._key:
-            self._latest, self._key = future.result(), future.key
-        return self._latest["version"], self._latest["params"]
+        with self._lock:  # one fetch per version per process; the others wait for it
+            cached = self._shared.get(self._name)
+            if cached is None or cached[0] != future.key:
+                published = future.result()
+                cached = (future.key, published["version"], self._load(published["params"]))
+                self._shared.pop(self._name, None)
+                self._shared[self._name] = cached
+                while len(self._shared) > 4:  # sessions past, on a long-lived worker
+                    self._shared.pop(next(iter(self._shared)))
+        return cached[1], cached[2]
 
     def version(self) -> int:
         """The version last published, without fetching its params."""

@@ -92,6 +92,13 @@ def test_cross_field_check_names_the_fields():
     assert str(e.value.issues[0]).startswith("learner.buckets (line 2): the largest bucket (32)")
 
 
+def test_sync_mode_publishes_once_per_batch():
+    assert parse_spec("learner: {mode: sync, epochs: 2}\nsync: {interval: 2}\n").sync.interval == 2
+    with pytest.raises(SpecError) as e:
+        parse_spec("learner: {mode: sync, epochs: 2}\nsync: {interval: 1}\n")
+    assert str(e.value.issues[0]).startswith("sync.interval (line 2): learner.mode sync publishes once per batch")
+
+
 def test_spec_is_frozen():
     spec = parse_spec("name: x\n")
     with pytest.raises(Exception):

@@ -84,3 +84,19 @@ def test_killed_run_resumes_from_its_last_version(prefect_api, tmp_path):
     # Groups consumed after the last checkpoint were lost with the crash and drawn again:
     # the resumed run's accounting counts exactly one batch per step.
     assert balanced(accounting) and accounting["consumed"] == target * 4
+
+
+def test_sync_mode_trains_every_batch_on_the_weights_it_was_played_with(prefect_api, tmp_path):
+    """The synchronous baseline: play a batch with the latest weights, train it for its
+    steps (2 epochs here), publish once, repeat. No group is ever stale."""
+    run_dir = tmp_path / "run"
+    result = tandem("run", "specs/guess-number.yaml", "--set", "learner.mode=sync", "--set", "learner.epochs=2",
+                    "--set", "sync.interval=2", "--set", "learner.batch_groups=4", "--set", "learner.steps=8",
+                    "--set", f"checkpoint.dir={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics, accounting = run_dir_records(run_dir)
+    assert [m["version"] for m in metrics] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(m["staleness_max"] == 0 for m in metrics)
+    batches = [m["prompt_ids"] for m in metrics]
+    assert batches[0::2] == batches[1::2] and len({tuple(b) for b in batches}) == 4  # each batch twice
+    assert balanced(accounting) and accounting["consumed"] == 4 * 4

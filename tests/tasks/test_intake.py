@@ -24,9 +24,9 @@ def group(prompt_id, *samples, attempt=0, arrival=None):
     return Group(prompt_id, "secret=a", tuple(samples), 0.0, 0.0, attempt=attempt, arrival_version=arrival)
 
 
-def rules(n_actors=1, outstanding=100, **buffer):
+def rules(n_actors=1, outstanding=100, synchronous=False, **buffer):
     source = PromptSource(DataConfig(), GuessNumber, {}, seed=0)
-    pace = Pace(batch_groups=2, sync_interval=1, outstanding=outstanding)
+    pace = Pace(batch_groups=2, sync_interval=1, outstanding=outstanding, synchronous=synchronous)
     return IntakeRules(BufferConfig(**buffer), Ledger(), source, pace, n_actors, log=lambda _: None)
 
 
@@ -95,6 +95,20 @@ def test_admission_control_bounds_the_staleness_of_started_groups():
     for _, p in first[2:]:
         r.on_take(group(p.id, sample(0)), version=1)
     assert len(r.dispatch(version=2)) == 4  # (2+1+1)*2 - 4 consumed
+
+
+def test_synchronous_mode_starts_only_what_the_waiting_learner_lacks():
+    r = rules(synchronous=True)
+    assert r.dispatch(version=0) == []  # nobody waits yet
+    r.want(2)
+    first = r.dispatch(version=0)
+    assert len(first) == 2 and r.dispatch(version=0) == []
+    r.on_report({"event": "excluded", "actor": 0, "id": first[0][1].id, "attempt": 0,
+                 "reason": "filtered", "detail": "zero variance"})
+    assert len(r.dispatch(version=0)) == 1  # a filtered group is replaced, nothing more
+    r.on_report({"event": "buffered", "actor": 0, "id": first[1][1].id, "attempt": 0})
+    assert r.on_take(group(first[1][1].id, sample(0)), version=0) == 0
+    assert r.wanted == 1 and r.dispatch(version=0) == []  # the replacement is still open
 
 
 @settings(max_examples=200, deadline=None)
