@@ -10,7 +10,11 @@
    canned actors (real `BufferWriter`s putting a fixed group as fast as prompts come),
    and the default spec's `TrainStep`: the time `take` costs a step when the buffer is
    not empty, and how much the intake thread slows the step itself (the GIL), against
-   the same steps with the reader closed. Usage:
+   the same steps with the reader closed.
+
+As on separate hardware, the producers and the Dask scheduler (`dask scheduler` and
+`dask worker` processes) run on some cores, and this process, the consumer (the
+learner's host), on the others. Usage:
 
     python benchmarks/buffer_latency.py [--quick] [--items 200] [--out PATH]
 """
@@ -28,9 +32,10 @@ from pathlib import Path
 
 import cloudpickle
 import numpy as np
-from distributed import Client, LocalCluster, Queue, get_client, get_worker
+import psutil
+from distributed import Client, Queue, get_client, get_worker
 
-from harness import connect_workers, emit
+from harness import actor_pool, emit, pin_threads, split_cores
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 PRODUCERS = (1, 4, 16)
@@ -107,11 +112,11 @@ def main() -> None:
         args.items, args.steps = 48, 8
     from learner_overhead import learner_overhead  # imports JAX; the transport part does not need it
 
-    from tasks.cluster import ACTOR_ENV
-
-    with LocalCluster(n_workers=2, threads_per_worker=8, processes=True, dashboard_address=None,
-                      env=ACTOR_ENV) as cluster, Client(cluster) as client:
-        connect_workers(client)
+    # As on separate hardware: producers and the scheduler on some cores, this process
+    # (the consumer: the learner's host) on the others.
+    learner_cores, actor_cores = split_cores()
+    with actor_pool(16, actor_cores) as address, Client(address) as client:
+        pin_threads(psutil.Process(), learner_cores)
         rows = transport(client, args.items)
         overhead = learner_overhead(client, args.steps)
     emit("buffer transport: put->take latency and throughput", rows, args.out.with_name("buffer_transport.json"))

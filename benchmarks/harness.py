@@ -67,31 +67,65 @@ def split_cores(learner_cores: int = 1) -> tuple[set[int], set[int]]:
 
 def pin_tree(pid: int, cores: set[int]) -> None:
     """Pins every thread of `pid` and of its descendants; threads they start later inherit it."""
-    processes = [psutil.Process(pid)]
-    processes += processes[0].children(recursive=True)
-    for process in processes:
-        for thread in process.threads():
-            with contextlib.suppress(OSError):  # a thread that just ended
-                os.sched_setaffinity(thread.id, cores)
+    for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        pin_threads(process, cores)
+
+
+def pin_threads(process: psutil.Process, cores: set[int]) -> None:
+    """Pins the threads of one process (not its children)."""
+    for thread in process.threads():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            os.sched_setaffinity(thread.id, cores)
 
 
 @contextlib.contextmanager
 def actor_pool(actors: int, cores: set[int], workers: int = 2) -> Iterator[str]:
-    """A Dask cluster for `actors` actors (threads of `workers` processes) pinned to `cores`.
+    """A Dask scheduler and `workers` worker processes for `actors` actors (their threads),
+    started as commands pinned to `cores`, as on machines of their own; yields the address.
 
     Actors sleep through environment latency, so many share a core; a Tandem local
     cluster runs one per worker process, hence this cluster of our own.
     """
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from tasks.cluster import ACTOR_ENV
 
     workers = min(workers, actors)
-    with LocalCluster(n_workers=workers, threads_per_worker=-(-actors // workers), processes=True,
-                      dashboard_address=None, env=ACTOR_ENV) as cluster, Client(cluster) as client:
-        connect_workers(client)
-        pin_tree(os.getpid(), cores)
-        yield cluster.scheduler_address
+    # The workers import what a spawned LocalCluster worker would: the repository, and
+    # the benchmark scripts' functions pickled by reference to their modules.
+    path = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, **ACTOR_ENV, "PYTHONPATH": path}
+    dask = str(Path(sys.executable).parent / "dask")
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, preexec_fn=pin)
+    processes = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                   "--no-dashboard"], **quiet)]
+    try:
+        processes += [subprocess.Popen([dask, "worker", address, "--nthreads", str(-(-actors // workers)),
+                                        "--nworkers", "1", "--no-dashboard", "--no-nanny"], **quiet)
+                      for _ in range(workers)]
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(workers, timeout=60)
+            connect_workers(client)
+        yield address
+    finally:
+        for process in processes[::-1]:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def connect_workers(client) -> None:

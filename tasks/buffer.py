@@ -128,6 +128,9 @@ class IntakeStats:
             self.judged += report["judged"]
 
 
+IDLE_MIN_S, IDLE_MAX_S = 0.005, 0.08  # the intake thread's pause between looks, idle or busy
+
+
 class BufferReader:
     """The learner's end: prefetch, actor reports, dispatch, exit checks."""
 
@@ -145,6 +148,8 @@ class BufferReader:
         self._stats = IntakeStats()
         self._queued = 0  # groups in the Dask queue at the last look
         self._closed = threading.Event()
+        self._starved = False  # the learner is waiting for a group
+        self._wake = threading.Event()  # set by `take`: room to prefetch, maybe prompts to dispatch
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="tandem-intake", daemon=True)
 
@@ -175,6 +180,7 @@ class BufferReader:
         """The next `n` groups in arrival order that pass the exit check at `version`."""
         taken: list[Group] = []
         self.rules.want(n)
+        self._wake.set()
         while len(taken) < n:
             group = self._next_local()
             staleness = self.rules.on_take(group, version)
@@ -184,6 +190,7 @@ class BufferReader:
                 self._stats.in_flight.append(in_flight)
                 self._stats.in_queue.append(in_queue)
                 taken.append(group)
+        self._wake.set()
         return taken
 
     def pop_stats(self) -> IntakeStats:
@@ -195,37 +202,49 @@ class BufferReader:
             if not self._local:
                 start = time.perf_counter()
                 self._stats.wait_count += 1
+                self._starved = True
                 while not self._local:
                     if self._error is not None:
                         raise RuntimeError("buffer intake failed") from self._error
                     self._check()
                     self._ready.wait(timeout=0.5)
+                self._starved = False
                 self._stats.wait_s += time.perf_counter() - start
             return self._local.popleft()
 
     def _run(self) -> None:
+        # Every look at the queues is a scheduler round trip, and on the learner's host
+        # its CPU is taken from the train step: when a look finds nothing to do, the next
+        # one waits longer (up to IDLE_MAX_S), unless the learner takes or waits for groups.
+        idle_s = IDLE_MIN_S
         try:
             while not self._closed.is_set():
-                for report in self._reports.get(batch=True):
+                self._wake.clear()  # a `take` from here on cuts the pause below short
+                reports = self._reports.get(batch=True)
+                for report in reports:
                     self._stats.blocked_s += report.get("blocked_s", 0.0)
                     self._stats.add_outcomes(report)
                     self.rules.on_report(report)
-                for actor, prompt in self.rules.dispatch(self.version):
+                dispatched = self.rules.dispatch(self.version)
+                for actor, prompt in dispatched:
                     self._prompts[actor].put(prompt.to_wire())
-                self._fetch()
+                fetched = self._fetch()
+                busy = reports or dispatched or fetched or self._starved
+                idle_s = IDLE_MIN_S if busy else min(2 * idle_s, IDLE_MAX_S)
+                self._wake.wait(idle_s)
         except BaseException as e:  # surfaced to the learner by `take`
             if not self._closed.is_set():
                 self._error = e
                 with self._ready:
                     self._ready.notify_all()
 
-    def _fetch(self) -> None:
-        """Moves up to `prefetch` groups from the Dask queue here, their data in one gather."""
+    def _fetch(self) -> int:
+        """Moves up to `prefetch` groups from the Dask queue here, their data in one gather;
+        returns how many futures it took from the queue."""
         self._queued = self._queue.qsize()
         room = self._prefetch - len(self._local)
         if room <= 0 or not self._queued:
-            time.sleep(0.005)
-            return
+            return 0
         # The only consumer: asking for no more than are queued does not block.
         futures = self._queue.get(batch=min(room, self._queued))
         alive = [f for f in futures if f.status != "lost"]  # lost: its worker died, the data is gone
@@ -237,6 +256,7 @@ class BufferReader:
         with self._ready:
             self._local.extend(groups)  # in arrival order
             self._ready.notify_all()
+        return len(futures)
 
 
 def release_actors(client: Client, channels: Channels, n_actors: int) -> None:
