@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import random
 import time
@@ -97,7 +98,7 @@ def measure_env(spec, steps: int, seed: int) -> list[float]:
 
 
 def measure_groups(spec, n: int, warmup: int, seed: int) -> list[tuple[Group, float, int]]:
-    """`n` groups played as an actor plays them (latency off): (group, seconds, turns)."""
+    """`n` groups played as an actor plays them (latency off, compiles excluded): (group, seconds, turns)."""
     env_class = resolve_entrypoint(spec.env.entrypoint)
     no_latency = spec.env.model_copy(update={"latency_s": 0.0})
     tokenizer = make_tokenizer(spec.model)
@@ -108,8 +109,14 @@ def measure_groups(spec, n: int, warmup: int, seed: int) -> list[tuple[Group, fl
     key, out = jax.random.PRNGKey(seed), []
     for i in range(warmup + n):
         prompt = source.next()
+        play = functools.partial(runner.run, prompt.id, prompt.text, 0, params, 0, jax.random.fold_in(key, i))
+        if i >= warmup:
+            # An actor compiles each sampler shape once per process; a group that met a new
+            # shape would count that compile as its compute. The replay timed below has the
+            # same key, so the same shapes, all compiled by now.
+            asyncio.run(play())
         start = time.perf_counter()
-        group = asyncio.run(runner.run(prompt.id, prompt.text, 0, params, 0, jax.random.fold_in(key, i)))
+        group = asyncio.run(play())
         seconds = time.perf_counter() - start
         if i >= warmup:
             out.append((group, seconds, _turns(group, spec.env.max_turns)))

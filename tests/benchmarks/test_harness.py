@@ -50,3 +50,22 @@ def test_emit_prints_the_table_and_writes_json(tmp_path, capsys):
     written = json.loads(out.read_text())
     assert written["rows"][1] == {"a": 2, "b": None} and written["note"] == "x"
     assert "load_avg" in written["machine"]
+
+
+def test_actor_pool_runs_pinned_dask_processes_and_stops_them():
+    import os
+
+    import psutil
+    from distributed import Client
+
+    from harness import actor_pool
+
+    cores = {sorted(os.sched_getaffinity(0))[0]}
+    with actor_pool(3, cores, workers=2) as address, Client(address) as client:
+        workers = client.scheduler_info()["workers"]
+        assert sorted(w["nthreads"] for w in workers.values()) == [2, 2]  # ceil(3 / 2) threads each
+        assert client.run(lambda: sorted(os.sched_getaffinity(0))) == {w: sorted(cores) for w in workers}
+        pids = [p.pid for p in psutil.Process().children() if "dask" in " ".join(p.cmdline())]
+        assert len(pids) == 3  # the scheduler and two workers
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in pids)
