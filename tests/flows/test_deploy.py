@@ -74,8 +74,14 @@ def process_worker(prefect_api, tmp_path):
     try:
         yield pool
     finally:
+        # A worker slow to stop (it waits on its runs' processes) must not outlive the test:
+        # still polling the pool, it would take the next test's flow run.
         os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=60)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
         log.close()
 
 
