@@ -87,6 +87,7 @@ def actor_pool(actors: int, cores: set[int], workers: int = 2) -> Iterator[str]:
     cluster runs one per worker process, hence this cluster of our own.
     """
     from distributed import Client
+    from distributed.utils import open_port
 
     from tasks.cluster import ACTOR_ENV
 
@@ -96,7 +97,7 @@ def actor_pool(actors: int, cores: set[int], workers: int = 2) -> Iterator[str]:
     path = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, **ACTOR_ENV, "PYTHONPATH": path}
     dask = str(Path(sys.executable).parent / "dask")
-    port = _free_port()
+    port = open_port("127.0.0.1")
     address = f"tcp://127.0.0.1:{port}"
     pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, preexec_fn=pin)
@@ -118,14 +119,6 @@ def actor_pool(actors: int, cores: set[int], workers: int = 2) -> Iterator[str]:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def connect_workers(client) -> None:

@@ -2,14 +2,14 @@
 
 For each `env.latency_s` (seconds per environment step) it runs the spec through
 `tandem run` in each mode, `learner.mode: sync` (play a batch with the latest weights,
-train, publish) and `async`, with the same learner batch and the same actor pool, the learner pinned to
-its own core and the actors to the others. Each run stops at the reward target or after
+train, publish) and `async`, with the same learner batch and the same actor pool, the
+learner pinned to its own core and the actors to the others. Each run stops at the reward target or after
 `--seconds`. Reported per cell: learner busy and trained groups/s in steady state (after
 the first steps, which compile), the wall time from the first step to the target (mean
 success over 5 steps), and the success gained per wall-clock second of training.
 
 The model is larger than the demo's and each batch is trained for 4 epochs, so that a
-batch takes 100-300 ms on one core, "busy" measures something, and one actor core can
+batch takes ~0.3-0.4 s on one core, "busy" measures something, and one actor core can
 feed it (see BENCH); checkpoints are written only at the end (`checkpoint.every`).
 The default pool is sized by `tandem audit` for 90% busy at 0.5 s/step on such a machine;
 run `tandem audit` with the same --set values to size it for yours.
@@ -32,12 +32,13 @@ from harness import actor_pool, emit, reached, rolling_success, run_tandem, spli
 
 SPEC = "specs/guess-number.yaml"
 MODES = ("sync", "async", "async-bounded")
-# A train step of ~100-300 ms on one core, four updates per batch: on CPU an actor spends
-# about twice the learner's per-update compute to play a group (small jitted calls), so with
-# one update per batch one actor core could feed at most about half of one learner core.
+# A train step of ~70-100 ms on one core, four updates per batch, one version per batch:
+# an actor's compute per group (~20 ms of small jitted calls, plus its Dask round trips) is
+# then small enough that one actor core can feed one learner core.
 BENCH = ["model.d_model=256", "model.n_heads=8", "model.n_kv_heads=4", "model.d_ff=1024",
-         "learner.optimizer.lr=0.0003", "learner.batch_groups=4", "learner.epochs=4", "learner.steps=100000", "buffer.capacity=8",
-         "sync.interval=4", "checkpoint.every=100000", "checkpoint.keep=1"]
+         "learner.optimizer.lr=0.0003", "learner.batch_groups=4", "learner.epochs=4",
+         "learner.steps=100000", "buffer.capacity=8", "sync.interval=4",
+         "checkpoint.every=100000", "checkpoint.keep=1"]
 
 
 def cell(mode: str, latency: float, args, learner_cores, actor_cores, work: Path) -> dict:
