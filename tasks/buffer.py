@@ -136,7 +136,7 @@ class BufferReader:
 
     def __init__(self, channels: Channels, client: Client, rules: IntakeRules, *, capacity: int,
                  prefetch: int, check=lambda: None):
-        self.rules, self.version = rules, 0  # `version`: the learner's, for admission control
+        self.rules, self.version = rules, 0  # `version`: the latest the actors can use, for admission control
         self._client, self._channels = client, channels
         self._queue = Queue(channels.buffer, client=client, maxsize=capacity)
         self._reports = Queue(channels.reports, client=client)

@@ -89,11 +89,14 @@ class Session:
     def run(self) -> dict:
         state, version = self._restore_or_init()
         self.tensorboard = TensorBoardLog(self.run_dir / "tensorboard", resume_step=int(state.step))
-        publisher = WeightPublisher(self.channels.weights, self.client)
-        publisher.publish(version, params_numpy(state))
         actors: list = []
         reader = self._reader(check=lambda: _raise_if_stopped(actors))
         reader.version = version
+        # Admission control counts from the version the actors can use, so the reader's
+        # version moves when a version has been sent, not when the learner hands it over.
+        publisher = WeightPublisher(self.channels.weights, self.client,
+                                    on_sent=lambda sent: setattr(reader, "version", sent))
+        publisher.publish(version, params_numpy(state))
         actors += self._start_actors()
         try:
             state, version = self._train(state, version, reader, publisher)
@@ -173,7 +176,6 @@ class Session:
                 self.reporter.progress(step, version)
                 if step % spec.sync.interval == 0:
                     version += 1
-                    reader.version = version
                     published = time.perf_counter()
                     publisher.publish(version, params_numpy(state))
                     if spec.learner.mode == "sync":  # the next batch is played with these weights

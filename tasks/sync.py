@@ -25,8 +25,8 @@ class WeightPublisher:
     superseded before it left would never be used.
     """
 
-    def __init__(self, name: str, client: Client):
-        self._client = client
+    def __init__(self, name: str, client: Client, on_sent: Callable[[int], None] = lambda version: None):
+        self._client, self._on_sent = client, on_sent  # on_sent(version): called once it is visible
         self._variable = Variable(name, client=client)
         self._version = Variable(f"{name}-version", client=client)
         self._future = None
@@ -88,6 +88,7 @@ class WeightPublisher:
         self._variable.set(future)
         self._version.set(version)  # after the params: a reader never sees a version early
         self._future = future  # the previous version is released once replaced
+        self._on_sent(version)
 
 
 class WeightSubscriber:

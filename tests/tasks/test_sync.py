@@ -28,7 +28,8 @@ def test_published_version_is_visible_after_wait(client):
 
 
 def test_only_the_newest_waiting_version_is_sent(client):
-    publisher = WeightPublisher("w-newest", client)
+    sent = []
+    publisher = WeightPublisher("w-newest", client, on_sent=sent.append)
     sending = threading.Event()
     release = threading.Event()
     send = publisher._send
@@ -46,6 +47,7 @@ def test_only_the_newest_waiting_version_is_sent(client):
     release.set()
     publisher.close()  # flushes what is waiting
     assert publisher.skipped == 2  # versions 2 and 3 were superseded before they left
+    assert sent == [1, 4]  # what admission control may count on
     assert WeightSubscriber("w-newest", client).latest()[0] == 4
 
 
