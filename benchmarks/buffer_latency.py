@@ -9,14 +9,16 @@
 2. Learner overhead. A real `BufferReader` (prefetch thread, reports, dispatch) fed by
    canned actors (real `BufferWriter`s putting a fixed group as fast as prompts come),
    and the default spec's `TrainStep`: the time `take` costs a step when the buffer is
-   not empty, and how much the intake thread slows the step itself (the GIL), against
-   the same steps with the reader closed.
+   not empty, and how much the intake thread slows the step itself, against the same
+   steps with the reader closed; with all the learner's threads on one core (a host
+   without an accelerator), and with XLA's threads on a core apart from Python's (as
+   with an accelerator).
 
 As on separate hardware, the producers and the Dask scheduler (`dask scheduler` and
 `dask worker` processes) run on some cores, and this process, the consumer (the
 learner's host), on the others. Usage:
 
-    python benchmarks/buffer_latency.py [--quick] [--items 200] [--out PATH]
+    python benchmarks/buffer_latency.py [--quick] [--items 200] [--part transport|learner] [--out PATH]
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="48 items a cell, 8 learner steps")
     parser.add_argument("--items", type=int, default=320, help="payloads per cell")
     parser.add_argument("--steps", type=int, default=30, help="learner steps timed, each way")
+    parser.add_argument("--part", choices=("transport", "learner"), help="only this part")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "buffer.json")
     args = parser.parse_args()
     if args.quick:
@@ -117,11 +120,13 @@ def main() -> None:
     learner_cores, actor_cores = split_cores()
     with actor_pool(16, actor_cores) as address, Client(address) as client:
         pin_threads(psutil.Process(), learner_cores)
-        rows = transport(client, args.items)
-        overhead = learner_overhead(client, args.steps)
-    emit("buffer transport: put->take latency and throughput", rows, args.out.with_name("buffer_transport.json"))
-    emit("buffer cost to the learner per step (buffer not empty)", [overhead], args.out,
-         transport=rows, args=vars(args) | {"out": str(args.out)})
+        rows = transport(client, args.items) if args.part != "learner" else []
+        overhead = learner_overhead(client, args.steps, learner_cores, actor_cores) if args.part != "transport" else []
+    if rows:
+        emit("buffer transport: put->take latency and throughput", rows, args.out.with_name("buffer_transport.json"))
+    if overhead:
+        emit("buffer cost to the learner per step (buffer not empty)", overhead, args.out,
+             transport=rows, args=vars(args) | {"out": str(args.out)})
 
 
 if __name__ == "__main__":

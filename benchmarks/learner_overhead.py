@@ -4,17 +4,28 @@ A real `BufferReader` over real `BufferWriter`s ("canned" actors that answer eve
 prompt with the same group at once, so the buffer stays full) and the default spec's
 train step. Per step: `take` time when the buffer was not empty, and the train step
 with the intake thread running against the same steps after it is closed.
+
+In two layouts of the learner process's threads:
+- "one core": all of them on the learner's core, as on a host without an accelerator,
+  where the intake's CPU work is taken from the train step;
+- "device apart": XLA's threads (the train step's computation) alone on the learner's
+  core and the Python threads (the step's dispatch, `take`, the intake thread, the Dask
+  client) on the host cores, as with an accelerator, which computes apart from the host.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import sys
+import threading
 import time
 import uuid
 
 import cloudpickle
 import numpy as np
+import psutil
 from distributed import Client, Queue, get_client
 
 from flows.spec import load_spec
@@ -47,17 +58,17 @@ def canned_actor(actor: int, channels: Channels, checks: EntryChecks, group: Gro
     client = get_client()
     prompts, writer = Queue(channels.prompts(actor), client=client), BufferWriter(actor, channels, client, checks)
     writer.hello()
-    while (wire := prompts.get()) is not None:
-        prompt = Prompt.from_wire(wire)
-        writer.put(dataclasses.replace(group, prompt_id=prompt.id, attempt=prompt.attempt))
+    while (message := prompts.get()) is not None:
+        for prompt in map(Prompt.from_wire, message):
+            writer.put(dataclasses.replace(group, prompt_id=prompt.id, attempt=prompt.attempt))
 
 
-def learner_overhead(client: Client, steps: int) -> dict:
+def learner_overhead(client: Client, steps: int, learner_cores: set[int], host_cores: set[int]) -> list[dict]:
     spec = load_spec(SPEC)
     # Room for every group the timed steps take, filled before they start: the buffer is
     # never empty in the Dask queue, whatever the producers' pace on this machine.
     batch_groups = spec.learner.batch_groups
-    capacity = (steps + 1) * batch_groups
+    capacity = (2 * steps + 1) * batch_groups
     env_class = resolve_entrypoint(spec.env.entrypoint)
     rules = IntakeRules(spec.buffer, Ledger(), PromptSource(spec.data, env_class, spec.env.kwargs, 0),
                         Pace(batch_groups, spec.sync.interval, capacity + ACTORS + batch_groups), ACTORS,
@@ -70,32 +81,54 @@ def learner_overhead(client: Client, steps: int) -> dict:
     mesh = make_mesh(spec.learner.mesh)
     state, train_step = init_train_state(spec.model, spec.learner, seed=0, mesh=mesh), TrainStep(spec.model, spec.learner, mesh)
     batch = _batch(spec, reader.take(batch_groups, 0))
-    state, _ = train_step(state, batch)  # compile
+    state, _ = train_step(state, batch)  # compile; XLA's threads exist from here on
+    layouts = {"one core": lambda: _pin(learner_cores, learner_cores),
+               "device apart": lambda: _pin(learner_cores, host_cores)}
     while reader.depth < capacity:  # let the actors fill the buffer
         time.sleep(0.1)
     reader.pop_stats()
-    take_s, train_with, waited = [], [], 0
-    for _ in range(steps):
-        start = time.perf_counter()
-        groups = reader.take(batch_groups, 0)
-        take_s.append(time.perf_counter() - start)
-        waited += reader.pop_stats().wait_count > 0
-        state, seconds = _timed_step(train_step, state, _batch(spec, groups))
-        train_with.append(seconds)
+    measured = {}
+    for layout, pin in layouts.items():
+        pin()
+        take_s, train_with, waited = [], [], 0
+        for _ in range(steps):
+            start = time.perf_counter()
+            groups = reader.take(batch_groups, 0)
+            take_s.append(time.perf_counter() - start)
+            waited += reader.pop_stats().wait_count > 0
+            state, seconds = _timed_step(train_step, state, _batch(spec, groups))
+            train_with.append(seconds)
+        measured[layout] = take_s, train_with, waited
     reader.close()
     release_actors(client, channels, ACTORS)
     while not all(f.done() for f in actors):
         reader.drain()
         time.sleep(0.05)
     reader.release()
-    train_without = []
-    for _ in range(steps):
-        state, seconds = _timed_step(train_step, state, batch)
-        train_without.append(seconds)
-    base, take, slowdown = np.median(train_without), np.median(take_s), np.median(train_with) - np.median(train_without)
-    return {"batch_groups": batch_groups, "steps": steps, "steps_that_waited": waited,
-            "train_ms": 1e3 * base, "take_ms": 1e3 * take, "take_p99_ms": 1e3 * float(np.percentile(take_s, 99)),
-            "train_slowdown_ms": 1e3 * slowdown, "overhead_%": 100 * (take + max(slowdown, 0.0)) / base}
+    rows = []
+    for layout, pin in layouts.items():
+        pin()
+        train_without = []
+        for _ in range(steps):
+            state, seconds = _timed_step(train_step, state, batch)
+            train_without.append(seconds)
+        take_s, train_with, waited = measured[layout]
+        base, take = np.median(train_without), np.median(take_s)
+        slowdown = np.median(train_with) - base
+        rows.append({"layout": layout, "batch_groups": batch_groups, "steps": steps, "steps_that_waited": waited,
+                     "train_ms": 1e3 * base, "take_ms": 1e3 * take,
+                     "take_p99_ms": 1e3 * float(np.percentile(take_s, 99)),
+                     "train_slowdown_ms": 1e3 * slowdown, "overhead_%": 100 * (take + max(slowdown, 0.0)) / base})
+    return rows
+
+
+def _pin(device_cores: set[int], python_cores: set[int]) -> None:
+    """XLA's threads (this process's threads that Python did not start) on `device_cores`,
+    Python's on `python_cores`."""
+    python = {t.native_id for t in threading.enumerate()}
+    for thread in psutil.Process().threads():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            os.sched_setaffinity(thread.id, python_cores if thread.id in python else device_cores)
 
 
 def _timed_step(train_step, state, batch):

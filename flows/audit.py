@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.intake import outstanding_bound
+
 # Scheduler round trips per group: prompt put and get, weights version and params look-ups,
 # scatter, buffer put and get, the result fetch, the report put (reports are read in batches).
 SCHEDULER_OPS_PER_GROUP = 9
@@ -98,7 +100,7 @@ def recommend(m, batch_groups: int, target_busy: float, updates_per_batch: int =
     # more only adds staleness whenever the actors outpace the learner.
     capacity = 2 * batch_groups
     busy = predict(m, Pool(actors, cores, batch_groups, interval, updates_per_batch)).busy_async
-    staleness = (actors + capacity + batch_groups) * updates_per_batch / (batch_groups * interval)
+    staleness = outstanding_bound(capacity, actors, batch_groups) * updates_per_batch / (batch_groups * interval)
     return Recommendation(actors, cores, capacity, interval, staleness, busy)
 
 

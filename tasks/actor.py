@@ -61,20 +61,25 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
         env_config=setup.env, actors_config=setup.actors)
     base_key = jax.random.PRNGKey(setup.seed)
     stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "params_get_s": 0.0, "queue_put_s": 0.0}
-    while True:
-        wire = prompts.get()
-        if wire is None or stop.is_set():
-            return stats
-        prompt = Prompt.from_wire(wire)
-        start = time.perf_counter()
-        version, params = weights.latest()
-        stats["params_get_s"] += time.perf_counter() - start
-        key = jax.random.fold_in(jax.random.fold_in(base_key, prompt.id), prompt.attempt)
-        start = time.perf_counter()
-        group = asyncio.run(runner.run(prompt.id, prompt.text, prompt.attempt, params, version,
-                                       key, refresh=weights.latest))
-        stats["rollout_s"] += time.perf_counter() - start
-        start = time.perf_counter()
-        writer.put(dataclasses.replace(group, arrival_version=weights.version()))
-        stats["queue_put_s"] += time.perf_counter() - start
-        stats["groups"] += 1
+    while (message := prompts.get()) is not None:  # a message: the prompts of one dispatch
+        for wire in message:
+            if stop.is_set():
+                return stats
+            _play(Prompt.from_wire(wire), runner, weights, writer, base_key, stats)
+    return stats
+
+
+def _play(prompt: Prompt, runner: GroupRunner, weights: WeightSubscriber, writer: BufferWriter,
+          base_key: jax.Array, stats: dict) -> None:
+    start = time.perf_counter()
+    version, params = weights.latest()
+    stats["params_get_s"] += time.perf_counter() - start
+    key = jax.random.fold_in(jax.random.fold_in(base_key, prompt.id), prompt.attempt)
+    start = time.perf_counter()
+    group = asyncio.run(runner.run(prompt.id, prompt.text, prompt.attempt, params, version,
+                                   key, refresh=weights.latest))
+    stats["rollout_s"] += time.perf_counter() - start
+    start = time.perf_counter()
+    writer.put(dataclasses.replace(group, arrival_version=weights.version()))
+    stats["queue_put_s"] += time.perf_counter() - start
+    stats["groups"] += 1

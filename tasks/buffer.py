@@ -9,6 +9,7 @@ overlap the train step; `take` applies the exit check in FIFO order.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import threading
@@ -213,48 +214,69 @@ class BufferReader:
             return self._local.popleft()
 
     def _run(self) -> None:
-        # Every look at the queues is a scheduler round trip, and on the learner's host
-        # its CPU is taken from the train step: when a look finds nothing to do, the next
-        # one waits longer (up to IDLE_MAX_S), unless the learner takes or waits for groups.
-        idle_s = IDLE_MIN_S
+        # Every look at the queues is a few scheduler round trips, and on a learner host
+        # without an accelerator their CPU is taken from the train step. So the thread
+        # looks again soon only while the learner could use what it would find (it is
+        # waiting, or the prefetch has room and groups are coming); otherwise it waits
+        # for a `take`, or at most IDLE_MAX_S, to read the actors' reports.
+        pause = IDLE_MIN_S
         try:
             while not self._closed.is_set():
                 self._wake.clear()  # a `take` from here on cuts the pause below short
-                reports = self._reports.get(batch=True)
+                reports, self._queued = self._client.sync(self._look)
                 for report in reports:
                     self._stats.blocked_s += report.get("blocked_s", 0.0)
                     self._stats.add_outcomes(report)
                     self.rules.on_report(report)
-                dispatched = self.rules.dispatch(self.version)
-                for actor, prompt in dispatched:
-                    self._prompts[actor].put(prompt.to_wire())
+                messages = self.rules.dispatch(self.version)
+                if messages:
+                    self._client.sync(self._send, messages)
                 fetched = self._fetch()
-                busy = reports or dispatched or fetched or self._starved
-                idle_s = IDLE_MIN_S if busy else min(2 * idle_s, IDLE_MAX_S)
-                self._wake.wait(idle_s)
+                if self._starved or (fetched and len(self._local) < self._prefetch):
+                    pause = IDLE_MIN_S
+                elif len(self._local) < self._prefetch:  # room, but nothing arrived: back off
+                    pause = min(2 * pause, IDLE_MAX_S)
+                else:
+                    pause = IDLE_MAX_S
+                self._wake.wait(pause)
         except BaseException as e:  # surfaced to the learner by `take`
             if not self._closed.is_set():
                 self._error = e
                 with self._ready:
                     self._ready.notify_all()
 
+    # Coroutines on the client's event loop, where Queue methods return awaitables: one
+    # hand-over from this thread per look, its requests in flight together.
+    async def _look(self) -> tuple[list[dict], int]:
+        """The actors' reports since the last look, and the groups in the Dask queue."""
+        return tuple(await asyncio.gather(self._reports.get(batch=True), self._queue.qsize()))
+
+    async def _send(self, messages: dict[int, list]) -> None:
+        await asyncio.gather(*(self._prompts[actor].put([p.to_wire() for p in prompts])
+                               for actor, prompts in messages.items()))
+
+    async def _get_groups(self, n: int) -> tuple[list, dict]:
+        """`n` futures from the Dask queue (the only consumer: `n` queued do not block), and
+        the data of those not lost, in one gather, by future."""
+        futures = await self._queue.get(batch=n)
+        alive = [f for f in futures if f.status != "lost"]  # lost: its worker died, the data is gone
+        if alive:
+            await wait(alive, timeout=self._fetch_timeout_s)
+        ready = [f for f in alive if f.status == "finished"]
+        return futures, dict(zip(ready, await self._client.gather(ready))) if ready else {}
+
     def _fetch(self) -> int:
-        """Moves up to `prefetch` groups from the Dask queue here, their data in one gather;
-        returns how many futures it took from the queue."""
-        self._queued = self._queue.qsize()
+        """Moves up to `prefetch` groups from the Dask queue here; returns how many futures it
+        took from the queue."""
         room = self._prefetch - len(self._local)
         if room <= 0 or not self._queued:
             return 0
-        # The only consumer: asking for no more than are queued does not block.
-        futures = self._queue.get(batch=min(room, self._queued))
-        alive = [f for f in futures if f.status != "lost"]  # lost: its worker died, the data is gone
-        done = wait(alive, timeout=self._fetch_timeout_s).done if alive else set()
-        ready = [f for f in alive if f in done and f.status == "finished"]
-        groups = self._client.gather(ready) if ready else []
+        futures, groups = self._client.sync(self._get_groups, min(room, self._queued))
+        self._queued -= len(futures)
         for future in futures:
-            self.rules.on_fetch(future.key, lost=future not in ready)
+            self.rules.on_fetch(future.key, lost=future not in groups)
         with self._ready:
-            self._local.extend(groups)  # in arrival order
+            self._local.extend(groups[f] for f in futures if f in groups)  # in arrival order
             self._ready.notify_all()
         return len(futures)
 

@@ -41,14 +41,22 @@ class Pace:
     synchronous: bool = False  # learner.mode sync: generate only what the waiting learner needs
 
 
+def outstanding_bound(capacity: int, actors: int, batch_groups: int) -> int:
+    """The most attempts open at once (bounded asynchrony): a full buffer, the batch the
+    learner holds and the next, and two per actor: the one it plays and one in reserve,
+    so that an actor never waits for the learner's next `take` to be given a prompt."""
+    return capacity + 2 * batch_groups + 2 * actors
+
+
 class IntakeRules:
     """Dispatch, reports and the exit check of one learner session."""
 
     def __init__(self, config: BufferConfig, ledger: Ledger, source: PromptSource, pace: Pace,
                  n_actors: int, log=print):
         self.config, self.ledger, self.source, self.pace, self.log = config, ledger, source, pace, log
-        # Attempts each actor holds, in the order dispatched to it (its queue is FIFO).
-        self.held: list[collections.deque[tuple[int, int]]] = [collections.deque() for _ in range(n_actors)]
+        # What each actor holds: its messages in the order sent (its queue is FIFO), each
+        # the attempts of one `dispatch` not yet reported, in the order it plays them.
+        self.held: list[collections.deque[list[tuple[int, int]]]] = [collections.deque() for _ in range(n_actors)]
         self._hellos = [0] * n_actors
         self._logged: collections.Counter[str] = collections.Counter()
         # Buffered groups by their future's key, to name a group whose data was lost with
@@ -97,16 +105,22 @@ class IntakeRules:
         self.wanted = n
 
     @_locked
-    def dispatch(self, version: int) -> list[tuple[int, Prompt]]:
-        """(actor, prompt) pairs to send now, each to the actor holding the fewest."""
-        out = []
+    def dispatch(self, version: int) -> dict[int, list[Prompt]]:
+        """Prompts to send now, as one message per actor: each prompt goes to the actor
+        holding the fewest. A message is the unit an actor loses if it restarts."""
+        out: dict[int, list[Prompt]] = {}
         for _ in range(self.admissible(version)):
             prompt = self.source.next()
-            actor = min(range(len(self.held)), key=lambda a: len(self.held[a]))
-            self.held[actor].append((prompt.id, prompt.attempt))
+            actor = min(range(len(self.held)), key=self._holding)
+            if actor not in out:
+                self.held[actor].append([])
+            self.held[actor][-1].append((prompt.id, prompt.attempt))
             self.ledger.dispatched(prompt, version)
-            out.append((actor, prompt))
+            out.setdefault(actor, []).append(prompt)
         return out
+
+    def _holding(self, actor: int) -> int:
+        return sum(len(message) for message in self.held[actor])
 
     @_locked
     def on_report(self, report: dict) -> None:
@@ -115,14 +129,18 @@ class IntakeRules:
         if event == "hello":
             self._hellos[actor] += 1
             if self._hellos[actor] > 1 and self.held[actor]:
-                # A restarted actor lost the attempt it was working on: the oldest it held.
-                prompt_id, attempt = self.held[actor].popleft()
-                self.log(f"actor {actor} restarted; prompt {prompt_id} attempt {attempt} is lost")
-                self.exclude(prompt_id, attempt, "lost")
+                # A restarted actor lost the message it was working on: the oldest it held.
+                for prompt_id, attempt in self.held[actor].popleft():
+                    self.log(f"actor {actor} restarted; prompt {prompt_id} attempt {attempt} is lost")
+                    self.exclude(prompt_id, attempt, "lost")
             return
         key = (report["id"], report["attempt"])
-        if key in self.held[actor]:
-            self.held[actor].remove(key)
+        for message in self.held[actor]:
+            if key in message:
+                message.remove(key)
+                if not message:
+                    self.held[actor].remove(message)
+                break
         if event == "buffered":
             self.ledger.buffered(*key)
             future_key = report.get("key")

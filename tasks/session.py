@@ -30,7 +30,7 @@ from tasks.config import (ActorsConfig, BufferConfig, CheckpointConfig, DataConf
                           SyncConfig)
 from tasks.data import Prompt, PromptSource
 from tasks.envs import resolve_entrypoint
-from tasks.intake import IntakeRules, Pace
+from tasks.intake import IntakeRules, Pace, outstanding_bound
 from tasks.metrics import MetricsLog, write_json_atomic
 from tasks.progress import StepMeter
 from tasks.sync import WeightPublisher
@@ -76,7 +76,8 @@ class Session:
         self.source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
         pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
                     updates_per_batch=spec.learner.updates_per_batch,
-                    outstanding=spec.buffer.capacity + spec.actors.n_actors + 2 * spec.learner.batch_groups,
+                    outstanding=outstanding_bound(spec.buffer.capacity, spec.actors.n_actors,
+                                                  spec.learner.batch_groups),
                     synchronous=spec.learner.mode == "sync")
         self.rules = IntakeRules(spec.buffer, self.ledger, self.source, pace, spec.actors.n_actors,
                                  log=log.warning)

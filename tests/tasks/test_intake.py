@@ -24,6 +24,11 @@ def group(prompt_id, *samples, attempt=0, arrival=None):
     return Group(prompt_id, "secret=a", tuple(samples), 0.0, 0.0, attempt=attempt, arrival_version=arrival)
 
 
+def sent(messages):
+    """(actor, prompt) pairs of one `dispatch`, in the order each actor plays them."""
+    return [(actor, prompt) for actor, message in messages.items() for prompt in message]
+
+
 def rules(n_actors=1, outstanding=100, synchronous=False, **buffer):
     source = PromptSource(DataConfig(), GuessNumber, {}, seed=0)
     pace = Pace(batch_groups=2, sync_interval=1, outstanding=outstanding, synchronous=synchronous)
@@ -53,7 +58,7 @@ def test_one_old_sample_makes_the_group_old():
 
 def test_exit_check_excludes_b_and_consumes_c():
     r = rules(max_staleness=1, retry=())
-    for actor, prompt in r.dispatch(version=5)[:2]:
+    for actor, prompt in sent(r.dispatch(version=5))[:2]:
         r.on_report({"event": "buffered", "actor": actor, "id": prompt.id, "attempt": 0})
     b, c = group(0, sample(3)), group(1, sample(4))
     assert r.on_take(b, version=5) is None  # 5 - 3 = 2 > 1
@@ -64,10 +69,10 @@ def test_exit_check_excludes_b_and_consumes_c():
 
 def test_stale_prompt_is_retried_ahead_of_new_ones_and_filtered_never():
     r = rules(max_staleness=0, outstanding=3)
-    (_, p0), (_, p1), (_, p2) = r.dispatch(version=0)
+    (_, p0), (_, p1), (_, p2) = sent(r.dispatch(version=0))
     r.on_report({"event": "excluded", "actor": 0, "id": p1.id, "attempt": 0, "reason": "filtered", "detail": ""})
     r.on_take(group(p0.id, sample(0)), version=1)  # stale: retried
-    next_prompts = [p for _, p in r.dispatch(version=1)]
+    next_prompts = [p for _, p in sent(r.dispatch(version=1))]
     assert next_prompts[0] == Prompt(p0.id, p0.text, attempt=1)
     assert p1.id not in [p.id for p in next_prompts]
     assert balanced(r.accounting())
@@ -76,39 +81,39 @@ def test_stale_prompt_is_retried_ahead_of_new_ones_and_filtered_never():
 def test_retries_stop_at_max_retries():
     r = rules(max_staleness=0, outstanding=1, max_retries=1)
     for attempt in range(2):
-        [(_, p)] = r.dispatch(version=attempt)
+        [(_, p)] = sent(r.dispatch(version=attempt))
         assert (p.id, p.attempt) == (0, attempt)
         r.on_take(group(0, sample(attempt), attempt=attempt), version=attempt + 1)
-    [(_, p)] = r.dispatch(version=2)
+    [(_, p)] = sent(r.dispatch(version=2))
     assert p.id == 1 and r.accounting()["excluded"] == {"stale": 2}
 
 
 def test_admission_control_bounds_the_staleness_of_started_groups():
     # 2 groups a step, 1 step a version, budget 1: at version 0 at most (0+1+1)*2 = 4 may start.
     r = rules(outstanding=100, max_staleness=1, admission=True)
-    first = r.dispatch(version=0)
-    assert len(first) == 4 and r.dispatch(version=0) == []
+    first = sent(r.dispatch(version=0))
+    assert len(first) == 4 and sent(r.dispatch(version=0)) == []
     for _, p in first[:2]:
         r.on_take(group(p.id, sample(0)), version=0)
     # Two attempts of version 0 are still open: nothing more may start.
-    assert r.dispatch(version=1) == []
+    assert sent(r.dispatch(version=1)) == []
     for _, p in first[2:]:
         r.on_take(group(p.id, sample(0)), version=1)
-    assert len(r.dispatch(version=2)) == 4  # (2+1+1)*2 - 4 consumed
+    assert len(sent(r.dispatch(version=2))) == 4  # (2+1+1)*2 - 4 consumed
 
 
 def test_synchronous_mode_starts_only_what_the_waiting_learner_lacks():
     r = rules(synchronous=True)
-    assert r.dispatch(version=0) == []  # nobody waits yet
+    assert sent(r.dispatch(version=0)) == []  # nobody waits yet
     r.want(2)
-    first = r.dispatch(version=0)
-    assert len(first) == 2 and r.dispatch(version=0) == []
+    first = sent(r.dispatch(version=0))
+    assert len(first) == 2 and sent(r.dispatch(version=0)) == []
     r.on_report({"event": "excluded", "actor": 0, "id": first[0][1].id, "attempt": 0,
                  "reason": "filtered", "detail": "zero variance"})
-    assert len(r.dispatch(version=0)) == 1  # a filtered group is replaced, nothing more
+    assert len(sent(r.dispatch(version=0))) == 1  # a filtered group is replaced, nothing more
     r.on_report({"event": "buffered", "actor": 0, "id": first[1][1].id, "attempt": 0})
     assert r.on_take(group(first[1][1].id, sample(0)), version=0) == 0
-    assert r.wanted == 1 and r.dispatch(version=0) == []  # the replacement is still open
+    assert r.wanted == 1 and sent(r.dispatch(version=0)) == []  # the replacement is still open
 
 
 @settings(max_examples=200, deadline=None)
@@ -121,7 +126,7 @@ def test_admission_control_never_lets_a_group_go_stale_whatever_the_arrival_orde
     buffer, consumed = collections.deque(), 0
     for actor in order:
         version = consumed // 2
-        for a, prompt in r.dispatch(version):
+        for a, prompt in sent(r.dispatch(version)):
             held[a].append((prompt, version))
         if held[actor]:
             prompt, started = held[actor].popleft()
@@ -135,15 +140,25 @@ def test_admission_control_never_lets_a_group_go_stale_whatever_the_arrival_orde
     assert r.accounting()["excluded"] == {}
 
 
-def test_restarted_actor_loses_only_the_prompt_it_was_working_on():
+def test_one_dispatch_sends_one_message_per_actor():
+    r = rules(n_actors=2, outstanding=5)
+    messages = r.dispatch(version=0)
+    assert [[p.id for p in messages[a]] for a in (0, 1)] == [[0, 2, 4], [1, 3]]
+    assert [list(h) for h in r.held] == [[[(0, 0), (2, 0), (4, 0)]], [[(1, 0), (3, 0)]]]
+
+
+def test_restarted_actor_loses_only_the_message_it_was_working_on():
     r = rules(n_actors=1, outstanding=3)
     r.on_report({"event": "hello", "actor": 0})
-    (_, p0), (_, p1), (_, p2) = r.dispatch(version=0)
+    p0, p1, p2 = r.dispatch(version=0)[0]  # one message
     r.on_report({"event": "buffered", "actor": 0, "id": p0.id, "attempt": 0})
-    r.on_report({"event": "hello", "actor": 0})  # it died working on p1
+    r.on_take(group(p0.id, sample(0)), version=0)
+    [p3] = r.dispatch(version=0)[0]  # a second message
+    r.on_report({"event": "hello", "actor": 0})  # it died working on p1, with p2 in hand
     acc = r.accounting()
-    assert acc["excluded"] == {"lost": 1} and acc["in_flight"] == 1 and acc["waiting"] == 1
-    assert r.dispatch(version=0)[0][1] == Prompt(p1.id, p1.text, attempt=1)
+    assert acc["excluded"] == {"lost": 2} and acc["in_flight"] == 1 and acc["waiting"] == 2
+    assert list(r.held[0]) == [[(p3.id, 0)]]
+    assert r.dispatch(version=0)[0] == [Prompt(p1.id, p1.text, attempt=1), Prompt(p2.id, p2.text, attempt=1)]
 
 
 # The accounting invariant under random interleavings of everything that can happen.
@@ -163,16 +178,18 @@ def test_accounting_balances_after_every_event(ops, max_staleness, admission, re
     r = rules(n_actors=3, outstanding=6, max_staleness=max_staleness, admission=admission,
               retry=retry, max_retries=2)
     version = 0
-    held = [collections.deque() for _ in range(3)]  # what each simulated actor holds
+    held = [collections.deque() for _ in range(3)]  # each simulated actor's messages
     buffer, reports = collections.deque(), collections.deque()  # reports: one FIFO, as on Dask
     for actor in range(3):
         reports.append({"event": "hello", "actor": actor})
     for op, actor, outcome in ops:
         if op == "dispatch":
-            for a, prompt in r.dispatch(version):
-                held[a].append((prompt, version))
+            for a, message in r.dispatch(version).items():
+                held[a].append(collections.deque((prompt, version) for prompt in message))
         elif op == "finish" and held[actor]:
-            prompt, started = held[actor].popleft()
+            prompt, started = held[actor][0].popleft()
+            if not held[actor][0]:
+                held[actor].popleft()
             report = {"actor": actor, "id": prompt.id, "attempt": prompt.attempt}
             if outcome == "buffered":
                 buffer.append(group(prompt.id, sample(started, version), attempt=prompt.attempt))
@@ -187,7 +204,7 @@ def test_accounting_balances_after_every_event(ops, max_staleness, admission, re
             version += 1
         elif op == "crash":
             if held[actor]:
-                held[actor].popleft()  # the attempt it was generating dies with it
+                held[actor].popleft()  # the message it was playing dies with it
             reports.append({"event": "hello", "actor": actor})
         acc = r.accounting()
         assert balanced(acc), (op, acc)
@@ -197,7 +214,7 @@ def test_accounting_balances_after_every_event(ops, max_staleness, admission, re
 def test_group_lost_with_its_worker_is_retried_whichever_message_comes_first():
     for report_first in (True, False):
         r = rules(outstanding=1)
-        [(_, p)] = r.dispatch(version=0)
+        [(_, p)] = sent(r.dispatch(version=0))
         report = {"event": "buffered", "actor": 0, "id": p.id, "attempt": 0, "key": "group-key"}
         if report_first:
             r.on_report(report)
@@ -207,12 +224,12 @@ def test_group_lost_with_its_worker_is_retried_whichever_message_comes_first():
             r.on_report(report)
         acc = r.accounting()
         assert acc["excluded"] == {"lost": 1} and acc["waiting"] == 1 and balanced(acc)
-        assert r.dispatch(version=0)[0][1] == Prompt(p.id, p.text, attempt=1)
+        assert sent(r.dispatch(version=0))[0][1] == Prompt(p.id, p.text, attempt=1)
 
 
 def test_fetched_group_is_not_lost_by_a_late_report():
     r = rules(outstanding=1)
-    [(_, p)] = r.dispatch(version=0)
+    [(_, p)] = sent(r.dispatch(version=0))
     r.on_fetch("k", lost=False)
     r.on_report({"event": "buffered", "actor": 0, "id": p.id, "attempt": 0, "key": "k"})
     assert r.accounting()["buffered"] == 1 and r.accounting()["excluded"] == {}
