@@ -130,6 +130,8 @@ class IntakeStats:
 
 
 IDLE_MIN_S, IDLE_MAX_S = 0.005, 0.08  # the intake thread's pause between looks, idle or busy
+EXCHANGE_TIMEOUT_S = 120.0  # one look, send or fetch: past this the intake fails, loudly
+STARVED_LOG_S = 30.0  # a learner waiting this long for groups logs what the buffer knows
 
 
 class BufferReader:
@@ -144,6 +146,7 @@ class BufferReader:
         self._prompts = [Queue(channels.prompts(a), client=client) for a in range(len(rules.held))]
         self._prefetch, self._check = prefetch, check  # check raises if the producers failed
         self._fetch_timeout_s = 60.0
+        self._exchange_timeout_s = EXCHANGE_TIMEOUT_S
         self._local: collections.deque[Group] = collections.deque()
         self._ready = threading.Condition()
         self._stats = IntakeStats()
@@ -204,11 +207,16 @@ class BufferReader:
                 start = time.perf_counter()
                 self._stats.wait_count += 1
                 self._starved = True
+                logged = start
                 while not self._local:
                     if self._error is not None:
                         raise RuntimeError("buffer intake failed") from self._error
                     self._check()
                     self._ready.wait(timeout=0.5)
+                    if time.perf_counter() - logged > STARVED_LOG_S:
+                        logged = time.perf_counter()
+                        self.rules.log(f"the learner has waited {logged - start:.0f}s for groups: "
+                                       f"{self._queued} in the Dask queue, {self.rules.accounting()}")
                 self._starved = False
                 self._stats.wait_s += time.perf_counter() - start
             return self._local.popleft()
@@ -223,14 +231,14 @@ class BufferReader:
         try:
             while not self._closed.is_set():
                 self._wake.clear()  # a `take` from here on cuts the pause below short
-                reports, self._queued = self._client.sync(self._look)
+                reports, self._queued = self._exchange(self._look)
                 for report in reports:
                     self._stats.blocked_s += report.get("blocked_s", 0.0)
                     self._stats.add_outcomes(report)
                     self.rules.on_report(report)
                 messages = self.rules.dispatch(self.version)
                 if messages:
-                    self._client.sync(self._send, messages)
+                    self._exchange(self._send, messages)
                 fetched = self._fetch()
                 if self._starved or (fetched and len(self._local) < self._prefetch):
                     pause = IDLE_MIN_S
@@ -244,6 +252,11 @@ class BufferReader:
                 self._error = e
                 with self._ready:
                     self._ready.notify_all()
+
+    def _exchange(self, coroutine, *args):
+        """Runs `coroutine(*args)` on the client's event loop; a hung scheduler or worker
+        fails the intake (and so the learner, which Prefect retries) instead of stalling it."""
+        return self._client.sync(coroutine, *args, callback_timeout=self._exchange_timeout_s)
 
     # Coroutines on the client's event loop, where Queue methods return awaitables: one
     # hand-over from this thread per look, its requests in flight together.
@@ -271,7 +284,7 @@ class BufferReader:
         room = self._prefetch - len(self._local)
         if room <= 0 or not self._queued:
             return 0
-        futures, groups = self._client.sync(self._get_groups, min(room, self._queued))
+        futures, groups = self._exchange(self._get_groups, min(room, self._queued))
         self._queued -= len(futures)
         for future in futures:
             self.rules.on_fetch(future.key, lost=future not in groups)

@@ -8,6 +8,7 @@ from distributed import Client, LocalCluster, get_client
 
 from learner.trajectory import OBSERVATION, Group, Sample
 from tasks.accounting import Ledger, balanced
+from tasks import buffer
 from tasks.buffer import BufferReader, BufferWriter, Channels, EntryChecks
 from tasks.config import BufferConfig, DataConfig
 from tasks.data import PromptSource
@@ -88,6 +89,20 @@ def test_a_full_buffer_blocks_the_producer_until_the_learner_takes(client):
         assert not blocked.done()  # waiting for room
         reader.take(1, version=0)
         assert blocked.result(timeout=10) > 0.5  # the seconds it was blocked
+    finally:
+        reader.close()
+        reader.release()
+
+
+def test_a_starved_learner_says_what_the_buffer_knows(client, monkeypatch):
+    monkeypatch.setattr(buffer, "STARVED_LOG_S", 0.3)
+    logged = []
+    reader = reader_for(client, "starved", n_actors=1)
+    reader.rules.log = logged.append
+    try:
+        client.submit(produce, 0, "starved", 0, 1.5, pure=False)  # a slow episode
+        assert reader.take(1, version=0)[0].prompt_id == 0
+        assert logged and "waited" in logged[0] and "'in_flight': 1" in logged[0]
     finally:
         reader.close()
         reader.release()
