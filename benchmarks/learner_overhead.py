@@ -74,7 +74,7 @@ def learner_overhead(client: Client, steps: int, learner_cores: set[int], host_c
                         Pace(batch_groups, spec.sync.interval, capacity + ACTORS + batch_groups), ACTORS,
                         log=lambda _: None)
     channels = Channels(uuid.uuid4().hex[:8])
-    reader = BufferReader(channels, client, rules, capacity=capacity, prefetch=batch_groups).start()
+    reader = BufferReader(channels, client, rules, capacity=capacity, prefetch=2 * batch_groups).start()  # as the session
     group = canned_group(spec.actors.group_size, spec.model.max_len, spec.model.vocab_size)
     checks = EntryChecks({}, spec.model.vocab_size, spec.model.max_len)
     actors = [client.submit(canned_actor, a, channels, checks, group, pure=False) for a in range(ACTORS)]

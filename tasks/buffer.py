@@ -153,7 +153,7 @@ class BufferReader:
         self._queued = 0  # groups in the Dask queue at the last look
         self._closed = threading.Event()
         self._starved = False  # the learner is waiting for a group
-        self._wake = threading.Event()  # set by `take`: room to prefetch, maybe prompts to dispatch
+        self._wake = threading.Event()  # set by `take` and a starved learner: look now
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="tandem-intake", daemon=True)
 
@@ -184,7 +184,6 @@ class BufferReader:
         """The next `n` groups in arrival order that pass the exit check at `version`."""
         taken: list[Group] = []
         self.rules.want(n)
-        self._wake.set()
         while len(taken) < n:
             group = self._next_local()
             staleness = self.rules.on_take(group, version)
@@ -194,7 +193,7 @@ class BufferReader:
                 self._stats.in_flight.append(in_flight)
                 self._stats.in_queue.append(in_queue)
                 taken.append(group)
-        self._wake.set()
+        self._wake.set()  # room to prefetch, prompts to dispatch
         return taken
 
     def pop_stats(self) -> IntakeStats:
@@ -207,6 +206,7 @@ class BufferReader:
                 start = time.perf_counter()
                 self._stats.wait_count += 1
                 self._starved = True
+                self._wake.set()  # in case the intake thread is pausing
                 logged = start
                 while not self._local:
                     if self._error is not None:
