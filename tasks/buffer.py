@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
@@ -145,7 +146,7 @@ class BufferReader:
         self._reports = Queue(channels.reports, client=client)
         self._prompts = [Queue(channels.prompts(a), client=client) for a in range(len(rules.held))]
         self._prefetch, self._check = prefetch, check  # check raises if the producers failed
-        self._fetch_timeout_s = 60.0
+        self._fetch_timeout_s = 15.0  # past this, a group's data counts as lost
         self._exchange_timeout_s = EXCHANGE_TIMEOUT_S
         self._local: collections.deque[Group] = collections.deque()
         self._ready = threading.Condition()
@@ -270,13 +271,22 @@ class BufferReader:
 
     async def _get_groups(self, n: int) -> tuple[list, dict]:
         """`n` futures from the Dask queue (the only consumer: `n` queued do not block), and
-        the data of those not lost, in one gather, by future."""
+        the data of those whose data could be fetched, by future; the others are lost.
+
+        Every wait is bounded: a future whose worker died mid-fetch turns "lost", and Dask
+        then waits for it forever (its data was scattered, so nothing can recompute it).
+        """
         futures = await self._queue.get(batch=n)
-        alive = [f for f in futures if f.status != "lost"]  # lost: its worker died, the data is gone
-        if alive:
-            await wait(alive, timeout=self._fetch_timeout_s)
-        ready = [f for f in alive if f.status == "finished"]
-        return futures, dict(zip(ready, await self._client.gather(ready))) if ready else {}
+        pending = [f for f in futures if f.status == "pending"]  # its state not reported yet
+        if pending:
+            with contextlib.suppress(TimeoutError):
+                await wait(pending, timeout=self._fetch_timeout_s)
+        ready = [f for f in futures if f.status == "finished"]
+        # One request for all of them (concurrent gathers share it), each with its own outcome.
+        fetched = await asyncio.gather(
+            *(asyncio.wait_for(self._client.gather(f), self._fetch_timeout_s) for f in ready),
+            return_exceptions=True)
+        return futures, {f: g for f, g in zip(ready, fetched) if isinstance(g, Group)}
 
     def _fetch(self) -> int:
         """Moves up to `prefetch` groups from the Dask queue here; returns how many futures it

@@ -1,5 +1,7 @@
 """The buffer over a real Dask queue: FIFO in arrival order, entry checks, backpressure."""
 
+import contextlib
+import os
 import time
 
 import numpy as np
@@ -38,11 +40,12 @@ def produce(actor, session, prompt_id, delay, **group):
     return BufferWriter(actor, Channels(session), get_client(), checks).put(make_group(prompt_id, **group))
 
 
-def reader_for(client, session, n_actors=3, capacity=8):
+def reader_for(client, session, n_actors=3, capacity=8, start=True):
     source = PromptSource(DataConfig(), GuessNumber, {}, seed=0)
     rules = IntakeRules(BufferConfig(capacity=capacity), Ledger(), source,
                         Pace(batch_groups=1, sync_interval=1, outstanding=n_actors), n_actors, log=lambda _: None)
-    return BufferReader(Channels(session), client, rules, capacity=capacity, prefetch=1).start()
+    reader = BufferReader(Channels(session), client, rules, capacity=capacity, prefetch=1)
+    return reader.start() if start else reader
 
 
 def test_groups_are_taken_in_arrival_order_not_submission_order(client):
@@ -106,3 +109,31 @@ def test_a_starved_learner_says_what_the_buffer_knows(client, monkeypatch):
     finally:
         reader.close()
         reader.release()
+
+
+def _exit():
+    os._exit(1)
+
+
+def test_a_group_whose_worker_died_is_lost_and_retried():
+    # Its data was scattered: once its worker is gone nothing can recompute it.
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        reader = reader_for(client, "died", n_actors=1, capacity=2, start=False)
+        reader._fetch_timeout_s = 0.5
+        producer = client.submit(produce, 0, "died", 0, 0.0, pure=False)
+        producer.result()
+        [worker] = client.who_has()[producer.key]
+        with contextlib.suppress(Exception):
+            client.run(_exit, workers=[worker])
+        reader.start()
+        try:
+            deadline = time.monotonic() + 30
+            while reader.rules.accounting()["excluded"].get("lost", 0) < 1:
+                assert time.monotonic() < deadline, reader.rules.accounting()
+                time.sleep(0.1)
+            accounting = reader.rules.accounting()
+            assert accounting["waiting"] + accounting["in_flight"] == 1 and balanced(accounting)
+        finally:
+            reader.close()
+            reader.release()
