@@ -147,7 +147,6 @@ class BufferReader:
         self._prompts = [Queue(channels.prompts(a), client=client) for a in range(len(rules.held))]
         self._prefetch, self._check = prefetch, check  # check raises if the producers failed
         self._fetch_timeout_s = 15.0  # past this, a group's data counts as lost
-        self._exchange_timeout_s = EXCHANGE_TIMEOUT_S
         self._local: collections.deque[Group] = collections.deque()
         self._ready = threading.Condition()
         self._stats = IntakeStats()
@@ -257,7 +256,7 @@ class BufferReader:
     def _exchange(self, coroutine, *args):
         """Runs `coroutine(*args)` on the client's event loop; a hung scheduler or worker
         fails the intake (and so the learner, which Prefect retries) instead of stalling it."""
-        return self._client.sync(coroutine, *args, callback_timeout=self._exchange_timeout_s)
+        return self._client.sync(coroutine, *args, callback_timeout=EXCHANGE_TIMEOUT_S)
 
     # Coroutines on the client's event loop, where Queue methods return awaitables: one
     # hand-over from this thread per look, its requests in flight together.
