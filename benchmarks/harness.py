@@ -71,11 +71,12 @@ def pin_tree(pid: int, cores: set[int]) -> None:
         pin_threads(process, cores)
 
 
-def pin_threads(process: psutil.Process, cores: set[int]) -> None:
-    """Pins the threads of one process (not its children)."""
+def pin_threads(process: psutil.Process, cores: set[int], only: Callable[[int], bool] = lambda tid: True) -> None:
+    """Pins the threads of one process (not its children), those whose id passes `only`."""
     for thread in process.threads():
-        with contextlib.suppress(OSError):  # a thread that just ended
-            os.sched_setaffinity(thread.id, cores)
+        if only(thread.id):
+            with contextlib.suppress(OSError):  # a thread that just ended
+                os.sched_setaffinity(thread.id, cores)
 
 
 @contextlib.contextmanager

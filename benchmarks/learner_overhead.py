@@ -15,9 +15,7 @@ In two layouts of the learner process's threads:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import sys
 import threading
 import time
@@ -39,6 +37,8 @@ from tasks.buffer import BufferReader, BufferWriter, Channels, EntryChecks, rele
 from tasks.data import Prompt, PromptSource
 from tasks.envs import resolve_entrypoint
 from tasks.intake import IntakeRules, Pace
+
+from harness import pin_threads
 
 SPEC = "specs/guess-number.yaml"
 ACTORS = 2
@@ -126,9 +126,8 @@ def _pin(device_cores: set[int], python_cores: set[int]) -> None:
     """XLA's threads (this process's threads that Python did not start) on `device_cores`,
     Python's on `python_cores`."""
     python = {t.native_id for t in threading.enumerate()}
-    for thread in psutil.Process().threads():
-        with contextlib.suppress(OSError):  # a thread that just ended
-            os.sched_setaffinity(thread.id, python_cores if thread.id in python else device_cores)
+    pin_threads(psutil.Process(), python_cores, only=python.__contains__)
+    pin_threads(psutil.Process(), device_cores, only=lambda tid: tid not in python)
 
 
 def _timed_step(train_step, state, batch):
