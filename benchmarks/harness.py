@@ -120,6 +120,7 @@ def actor_pool(actors: int, cores: set[int], workers: int = 2) -> Iterator[str]:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
 
 
 def connect_workers(client) -> None:
