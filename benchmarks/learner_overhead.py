@@ -54,9 +54,10 @@ def canned_group(group_size: int, length: int, vocab: int) -> Group:
     return Group(0, "canned", samples, 0.0, 0.0)
 
 
-def canned_actor(actor: int, channels: Channels, checks: EntryChecks, group: Group) -> None:
+def canned_actor(actor: int, channels: Channels, checks: EntryChecks, inline_bytes: int, group: Group) -> None:
     client = get_client()
-    prompts, writer = Queue(channels.prompts(actor), client=client), BufferWriter(actor, channels, client, checks)
+    prompts = Queue(channels.prompts(actor), client=client)
+    writer = BufferWriter(actor, channels, client, checks, inline_bytes)
     writer.hello()
     while (message := prompts.get()) is not None:
         for prompt in map(Prompt.from_wire, message):
@@ -77,7 +78,8 @@ def learner_overhead(client: Client, steps: int, learner_cores: set[int], host_c
     reader = BufferReader(channels, client, rules, capacity=capacity, prefetch=2 * batch_groups).start()  # as the session
     group = canned_group(spec.actors.group_size, spec.model.max_len, spec.model.vocab_size)
     checks = EntryChecks({}, spec.model.vocab_size, spec.model.max_len)
-    actors = [client.submit(canned_actor, a, channels, checks, group, pure=False) for a in range(ACTORS)]
+    actors = [client.submit(canned_actor, a, channels, checks, spec.buffer.inline_bytes, group, pure=False)
+              for a in range(ACTORS)]
     mesh = make_mesh(spec.learner.mesh)
     state, train_step = init_train_state(spec.model, spec.learner, seed=0, mesh=mesh), TrainStep(spec.model, spec.learner, mesh)
     batch = _batch(spec, reader.take(batch_groups, 0))

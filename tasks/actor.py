@@ -51,7 +51,7 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
     weights = WeightSubscriber(channels.weights, client, load=jax.device_put)
     checks = EntryChecks({name: resolve_filter(name) for name in setup.buffer.filters},
                          vocab_size=setup.model.vocab_size, max_len=setup.model.max_len)
-    writer = BufferWriter(actor_id, channels, client, checks)
+    writer = BufferWriter(actor_id, channels, client, checks, setup.buffer.inline_bytes)
     writer.hello()
     env_class = resolve_entrypoint(setup.env.entrypoint)
     tokenizer = make_tokenizer(setup.model)

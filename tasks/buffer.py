@@ -1,10 +1,12 @@
-"""The buffer: a `distributed.Queue(maxsize=capacity)` of group futures between actors and learner.
+"""The buffer: a `distributed.Queue(maxsize=capacity)` of groups between actors and learner.
 
 Writing and reading are separate objects. Actors write (`BufferWriter`): entry checks,
-then a blocking put (backpressure) of a future whose data stays on the actor's worker.
-The learner reads (`BufferReader`): a background thread applies actors' reports and
-dispatches prompts (`IntakeRules`), and prefetches groups so the queue's round trips
-overlap the train step; `take` applies the exit check in FIFO order.
+then a blocking put (backpressure) of the group itself, or of a future whose data stays
+on the actor's worker if the group is larger than `buffer.inline_bytes`.
+The learner reads (`BufferReader`): a background thread applies actors' reports,
+dispatches prompts (`IntakeRules`) and prefetches groups, in one exchange with the Dask
+client's event loop per cycle, so the queue's round trips overlap the train step; `take`
+applies the exit check in FIFO order.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import dataclasses
 import threading
 import time
 
-from distributed import Client, Event, Queue, get_worker, wait
+from distributed import Client, Event, Future, Queue, get_worker, wait
 
 from learner.trajectory import Group
 from tasks.filters import Filter
@@ -65,8 +67,9 @@ class EntryChecks:
 class BufferWriter:
     """An actor's end of the buffer."""
 
-    def __init__(self, actor: int, channels: Channels, client: Client, checks: EntryChecks):
-        self._actor, self._client, self._checks = actor, client, checks
+    def __init__(self, actor: int, channels: Channels, client: Client, checks: EntryChecks,
+                 inline_bytes: int):
+        self._actor, self._client, self._checks, self._inline_bytes = actor, client, checks, inline_bytes
         self._queue = Queue(channels.buffer, client=client)
         self._reports = Queue(channels.reports, client=client)
 
@@ -84,13 +87,18 @@ class BufferWriter:
         for name, keep in self._checks.filters.items():
             if not keep(group):
                 return self._report(group, "excluded", reason="filtered", detail=name, **_outcomes(group))
-        future = self._client.scatter(group, workers=[get_worker().address], hash=False)
+        group.oldest_version  # cached, so computed here and pickled with the group, not in `take`
+        if group.nbytes <= self._inline_bytes:
+            item, key = group.to_wire(), None
+        else:
+            item = self._client.scatter(group, workers=[get_worker().address], hash=False)
+            key = item.key
         # No timeout: a timed-out queue op is logged as an error by the scheduler. The
         # learner drains the buffer when it stops, so a blocked put always returns.
         start = time.perf_counter()
-        self._queue.put(future)
+        self._queue.put(item)
         blocked = time.perf_counter() - start
-        self._report(group, "buffered", blocked_s=blocked, key=future.key, **_outcomes(group))
+        self._report(group, "buffered", blocked_s=blocked, key=key, **_outcomes(group))
         return blocked
 
     def _report(self, group: Group, event: str, **fields) -> float:
@@ -150,7 +158,7 @@ class BufferReader:
         self._local: collections.deque[Group] = collections.deque()
         self._ready = threading.Condition()
         self._stats = IntakeStats()
-        self._queued = 0  # groups in the Dask queue at the last look
+        self._queued = 0  # groups reported buffered and not yet fetched: at most those queued
         self._closed = threading.Event()
         self._starved = False  # the learner is waiting for a group
         self._wake = threading.Event()  # set by `take` and a starved learner: look now
@@ -222,25 +230,21 @@ class BufferReader:
             return self._local.popleft()
 
     def _run(self) -> None:
-        # Every look at the queues is a few scheduler round trips, and on a learner host
-        # without an accelerator their CPU is taken from the train step. So the thread
-        # looks again soon only while the learner could use what it would find (it is
-        # waiting, or the prefetch has room and groups are coming); otherwise it waits
-        # for a `take`, or at most IDLE_MAX_S, to read the actors' reports.
+        # Each cycle is one hand-over to the client's event loop and one round of scheduler
+        # requests in flight together; on a learner host without an accelerator their CPU
+        # is taken from the train step. So the thread cycles again soon only while the
+        # learner could use what it would find (it is waiting, or the prefetch has room and
+        # groups are coming); otherwise it waits for a `take`, or at most IDLE_MAX_S, to
+        # read the actors' reports.
         pause = IDLE_MIN_S
         try:
             while not self._closed.is_set():
                 self._wake.clear()  # a `take` from here on cuts the pause below short
-                reports, self._queued = self._exchange(self._look)
-                for report in reports:
-                    self._stats.blocked_s += report.get("blocked_s", 0.0)
-                    self._stats.add_outcomes(report)
-                    self.rules.on_report(report)
-                messages = self.rules.dispatch(self.version)
-                if messages:
-                    self._exchange(self._send, messages)
-                fetched = self._fetch()
-                if self._starved or (fetched and len(self._local) < self._prefetch):
+                room = self._prefetch - len(self._local)
+                fetched = self._keep(self._exchange(self._cycle, max(0, min(room, self._queued))))
+                if self._queued and len(self._local) < self._prefetch:
+                    pause = 0.0  # groups reported in this cycle: fetch them in the next
+                elif self._starved or (fetched and len(self._local) < self._prefetch):
                     pause = IDLE_MIN_S
                 elif len(self._local) < self._prefetch:  # room, but nothing arrived: back off
                     pause = min(2 * pause, IDLE_MAX_S)
@@ -258,24 +262,35 @@ class BufferReader:
         fails the intake (and so the learner, which Prefect retries) instead of stalling it."""
         return self._client.sync(coroutine, *args, callback_timeout=EXCHANGE_TIMEOUT_S)
 
-    # Coroutines on the client's event loop, where Queue methods return awaitables: one
-    # hand-over from this thread per look, its requests in flight together.
-    async def _look(self) -> tuple[list[dict], int]:
-        """The actors' reports since the last look, and the groups in the Dask queue."""
-        return tuple(await asyncio.gather(self._reports.get(batch=True), self._queue.qsize()))
-
-    async def _send(self, messages: dict[int, list]) -> None:
+    # Coroutines on the client's event loop, where Queue methods return awaitables.
+    async def _cycle(self, n: int) -> list[tuple[str | None, Group | bytes | None]]:
+        """One look at the queues: `n` groups from the buffer together with the actors'
+        reports; then the prompts that the reports make room for."""
+        reports, items = await asyncio.gather(self._reports.get(batch=True), self._get_groups(n))
+        for report in reports:
+            self._stats.blocked_s += report.get("blocked_s", 0.0)
+            self._stats.add_outcomes(report)
+            self._queued += report["event"] == "buffered"
+            self.rules.on_report(report)
+        messages = self.rules.dispatch(self.version)
         await asyncio.gather(*(self._prompts[actor].put([p.to_wire() for p in prompts])
                                for actor, prompts in messages.items()))
+        return items
 
-    async def _get_groups(self, n: int) -> tuple[list, dict]:
-        """`n` futures from the Dask queue (the only consumer: `n` queued do not block), and
-        the data of those whose data could be fetched, by future; the others are lost.
+    async def _get_groups(self, n: int) -> list[tuple[str | None, Group | bytes | None]]:
+        """`n` items from the Dask queue, in arrival order, as (future key, group): an inline
+        group has no key and is still on the wire (bytes: unpickled off the event loop); a
+        future's group is None if its data could not be fetched (lost).
 
+        `n` counts only groups reported buffered, so the get never blocks: this is the
+        queue's only consumer, and an actor reports a group after putting it.
         Every wait is bounded: a future whose worker died mid-fetch turns "lost", and Dask
         then waits for it forever (its data was scattered, so nothing can recompute it).
         """
-        futures = await self._queue.get(batch=n)
+        if not n:
+            return []
+        items = await self._queue.get(batch=n)  # inline groups (bytes) and futures
+        futures = [item for item in items if isinstance(item, Future)]
         pending = [f for f in futures if f.status == "pending"]  # its state not reported yet
         if pending:
             with contextlib.suppress(TimeoutError):
@@ -285,22 +300,21 @@ class BufferReader:
         fetched = await asyncio.gather(
             *(asyncio.wait_for(self._client.gather(f), self._fetch_timeout_s) for f in ready),
             return_exceptions=True)
-        return futures, {f: g for f, g in zip(ready, fetched) if isinstance(g, Group)}
+        data = {f.key: g for f, g in zip(ready, fetched) if isinstance(g, Group)}
+        return [(None, item) if isinstance(item, bytes) else (item.key, data.get(item.key)) for item in items]
 
-    def _fetch(self) -> int:
-        """Moves up to `prefetch` groups from the Dask queue here; returns how many futures it
-        took from the queue."""
-        room = self._prefetch - len(self._local)
-        if room <= 0 or not self._queued:
-            return 0
-        futures, groups = self._exchange(self._get_groups, min(room, self._queued))
-        self._queued -= len(futures)
-        for future in futures:
-            self.rules.on_fetch(future.key, lost=future not in groups)
+    def _keep(self, items: list[tuple[str | None, Group | bytes | None]]) -> int:
+        """Adds fetched groups to the prefetch, in arrival order; returns how many items
+        left the Dask queue."""
+        self._queued -= len(items)
+        for key, group in items:
+            if key is not None:
+                self.rules.on_fetch(key, lost=group is None)
+        groups = [Group.from_wire(g) if isinstance(g, bytes) else g for _, g in items if g is not None]
         with self._ready:
-            self._local.extend(groups[f] for f in futures if f in groups)  # in arrival order
+            self._local.extend(groups)
             self._ready.notify_all()
-        return len(futures)
+        return len(items)
 
 
 def release_actors(client: Client, channels: Channels, n_actors: int) -> None:

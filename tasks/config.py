@@ -71,6 +71,10 @@ class BufferConfig(Frozen):
     # AReaL-style admission control: start no group that would be taken with a staleness
     # above max_staleness (needs max_staleness).
     admission: bool = False
+    # A group up to this size travels inside the queue, through the Dask scheduler (one
+    # message to the learner, nothing to lose with the actor's worker); a larger one stays
+    # on its actor's worker as a future, which the learner fetches from there.
+    inline_bytes: int = Field(64 * 1024, ge=0)
 
     @model_validator(mode="after")
     def _admission_needs_budget(self) -> "BufferConfig":

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster, get_client
+from distributed import Client, Future, LocalCluster, Queue, get_client
 
 from learner.trajectory import OBSERVATION, Group, Sample
 from tasks.accounting import Ledger, balanced
@@ -33,11 +33,12 @@ def make_group(prompt_id, rewards=(0.0, 1.0), reward_nan=False):
     return Group(prompt_id, "secret=a", samples, 0.0, 0.0)
 
 
-def produce(actor, session, prompt_id, delay, **group):
+def produce(actor, session, prompt_id, delay, inline_bytes=BufferConfig().inline_bytes, **group):
     """An actor's end: wait `delay` (a slow episode), then put the group."""
     time.sleep(delay)
     checks = EntryChecks({"zero_variance": zero_variance}, vocab_size=10, max_len=8)
-    return BufferWriter(actor, Channels(session), get_client(), checks).put(make_group(prompt_id, **group))
+    writer = BufferWriter(actor, Channels(session), get_client(), checks, inline_bytes)
+    return writer.put(make_group(prompt_id, **group))
 
 
 def reader_for(client, session, n_actors=3, capacity=8, start=True):
@@ -111,6 +112,20 @@ def test_a_starved_learner_says_what_the_buffer_knows(client, monkeypatch):
         reader.release()
 
 
+def test_a_group_travels_inline_up_to_inline_bytes_and_as_a_future_beyond(client):
+    session = "sizes"
+    client.submit(produce, 0, session, 0, 0.0, inline_bytes=0, pure=False).result()
+    client.submit(produce, 1, session, 1, 0.0, pure=False).result()
+    big, small = Queue(Channels(session).buffer, client=client).get(batch=2)
+    assert isinstance(big, Future) and isinstance(small, bytes)
+    for item, prompt_id in ((big.result(), 0), (Group.from_wire(small), 1)):
+        expected = make_group(prompt_id)
+        assert (item.prompt_id, item.prompt, item.rewards.tolist()) == (prompt_id, expected.prompt, [0.0, 1.0])
+        for got, want in zip(item.samples, expected.samples):
+            np.testing.assert_array_equal(got.tokens, want.tokens)
+            np.testing.assert_array_equal(got.versions, want.versions)
+
+
 def _exit():
     os._exit(1)
 
@@ -121,7 +136,7 @@ def test_a_group_whose_worker_died_is_lost_and_retried():
             Client(cluster) as client:
         reader = reader_for(client, "died", n_actors=1, capacity=2, start=False)
         reader._fetch_timeout_s = 0.5
-        producer = client.submit(produce, 0, "died", 0, 0.0, pure=False)
+        producer = client.submit(produce, 0, "died", 0, 0.0, inline_bytes=0, pure=False)  # a future
         producer.result()
         [worker] = client.who_has()[producer.key]
         with contextlib.suppress(Exception):
