@@ -1,11 +1,12 @@
 """(b) The buffer: put->take latency and throughput, and what it costs the learner per step.
 
-1. Transport. Producers on Dask workers put payloads the way actors put groups
-   (`scatter` to their own worker, then `distributed.Queue.put` of the future); one
-   consumer in this process takes them as the learner's intake thread does (`get`, then
-   `future.result()`). Latency is put (before the scatter) to taken (data in hand), over
-   payloads of 1 KB-1 MB (random bytes: nothing compresses) and 1-16 producers. The floor:
-   the same with threads and an in-process `queue.Queue`, which copies nothing.
+1. Transport. Producers on Dask workers put payloads the two ways actors put groups:
+   inline (pickled into the `distributed.Queue.put`, through the scheduler) and as a
+   future (`scatter` to their own worker, then a put of the future); one consumer in this
+   process takes them (`get`, then unpickling or `future.result()`). Latency is put
+   (before the pickling or scatter) to taken (data in hand), over payloads of 1 KB-1 MB
+   (random bytes: nothing compresses) and 1-16 producers. The floor: the same with threads
+   and an in-process `queue.Queue`, which copies nothing.
 2. Learner overhead. A real `BufferReader` (prefetch thread, reports, dispatch) fed by
    canned actors (real `BufferWriter`s putting a fixed group as fast as prompts come),
    and the default spec's `TrainStep`: the time `take` costs a step when the buffer is
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import queue
 import sys
 import threading
@@ -44,22 +46,27 @@ PRODUCERS = (1, 4, 16)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this script
 
 
-def dask_producer(name: str, size: int, n: int) -> None:
+def dask_producer(name: str, size: int, n: int, inline: bool) -> None:
     client, here = get_client(), get_worker().address
     channel, data = Queue(name, client=client), np.frombuffer(os.urandom(size), np.uint8)
     for _ in range(n):
-        [future] = client.scatter([(time.time(), data)], workers=[here], hash=False)
-        channel.put(future)
+        if inline:
+            channel.put(pickle.dumps((time.time(), data), protocol=pickle.HIGHEST_PROTOCOL))
+        else:
+            [future] = client.scatter([(time.time(), data)], workers=[here], hash=False)
+            channel.put(future)
 
 
-def dask_cell(client: Client, size: int, producers: int, items: int) -> list[float]:
+def dask_cell(client: Client, size: int, producers: int, items: int, inline: bool) -> list[float]:
     """put->take seconds of `items` payloads from `producers` Dask tasks."""
     name = f"bench-{uuid.uuid4().hex[:8]}"
     channel = Queue(name, client=client, maxsize=32)
-    tasks = [client.submit(dask_producer, name, size, items // producers, pure=False) for _ in range(producers)]
+    tasks = [client.submit(dask_producer, name, size, items // producers, inline, pure=False)
+             for _ in range(producers)]
     latencies = []
     for _ in range(items // producers * producers):
-        sent, _ = channel.get().result()
+        item = channel.get()
+        sent, _ = pickle.loads(item) if inline else item.result()
         latencies.append(time.time() - sent)
     client.gather(tasks)
     channel.close()
@@ -91,7 +98,8 @@ def transport(client: Client, items: int) -> list[dict]:
     for size in SIZES:
         for producers in PRODUCERS:
             for kind, run in (("queue.Queue", lambda: thread_cell(size, producers, items)),
-                              ("dask", lambda: dask_cell(client, size, producers, items))):
+                              ("dask inline", lambda: dask_cell(client, size, producers, items, True)),
+                              ("dask future", lambda: dask_cell(client, size, producers, items, False))):
                 start = time.perf_counter()
                 latencies = run()
                 elapsed = time.perf_counter() - start
