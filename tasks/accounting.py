@@ -21,6 +21,8 @@ class Ledger:
         self._lock = threading.Lock()
         # Open attempts: their prompt, state, and the version current when dispatched.
         self._open: dict[tuple[int, int], tuple[Prompt, str, int]] = {}
+        self._states: collections.Counter[str] = collections.Counter()  # of open attempts, kept
+        # as they move: the intake asks for a snapshot at every dispatch
         self.started = 0
         self.consumed = 0
         self.excluded: collections.Counter[str] = collections.Counter()
@@ -29,17 +31,22 @@ class Ledger:
     def dispatched(self, prompt: Prompt, version: int = 0) -> None:
         with self._lock:
             self._open[prompt.id, prompt.attempt] = (prompt, IN_FLIGHT, version)
+            self._states[IN_FLIGHT] += 1
             self.started += 1
 
     def buffered(self, prompt_id: int, attempt: int) -> None:
         with self._lock:
             entry = self._open.get((prompt_id, attempt))
-            if entry is not None:
+            if entry is not None and entry[1] != BUFFERED:
                 self._open[prompt_id, attempt] = (entry[0], BUFFERED, entry[2])
+                self._states[entry[1]] -= 1
+                self._states[BUFFERED] += 1
 
     def consume(self, prompt_id: int, attempt: int) -> None:
         with self._lock:
-            if self._open.pop((prompt_id, attempt), None) is not None:
+            entry = self._open.pop((prompt_id, attempt), None)
+            if entry is not None:
+                self._states[entry[1]] -= 1
                 self.consumed += 1
 
     def exclude(self, prompt_id: int, attempt: int, reason: str) -> Prompt | None:
@@ -48,6 +55,7 @@ class Ledger:
             entry = self._open.pop((prompt_id, attempt), None)
             if entry is None:
                 return None
+            self._states[entry[1]] -= 1
             self.excluded[reason] += 1
             return entry[0]
 
@@ -68,11 +76,10 @@ class Ledger:
 
     def snapshot(self) -> dict:
         with self._lock:
-            states = collections.Counter(state for _, state, _ in self._open.values())
             return {
                 "started": self.started,
-                "in_flight": states[IN_FLIGHT],
-                "buffered": states[BUFFERED],
+                "in_flight": self._states[IN_FLIGHT],
+                "buffered": self._states[BUFFERED],
                 "consumed": self.consumed,
                 "excluded": dict(self.excluded),
                 "retried": self.retried,
@@ -88,6 +95,7 @@ class Ledger:
         they count as started again when dispatched."""
         with self._lock:
             self._open.clear()
+            self._states.clear()
             self.consumed = state["consumed"]
             self.excluded = collections.Counter(state["excluded"])
             self.retried = state["retried"]
