@@ -3,7 +3,8 @@
 A real `BufferReader` over real `BufferWriter`s ("canned" actors that answer every
 prompt with the same group at once, so the buffer stays full) and the default spec's
 train step. Per step: `take` time when the buffer was not empty, and the train step
-with the intake thread running against the same steps after it is closed.
+while the intake works (fetching, reading reports, dispatching) against the same step
+while it idles, in alternating blocks of steps.
 
 In two layouts of the learner process's threads:
 - "one core": all of them on the learner's core, as on a host without an accelerator,
@@ -42,6 +43,7 @@ from harness import pin_threads
 
 SPEC = "specs/guess-number.yaml"
 ACTORS = 2
+BLOCK = 10  # steps in a row with the intake at work, then as many without
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
@@ -69,7 +71,7 @@ def learner_overhead(client: Client, steps: int, learner_cores: set[int], host_c
     # Room for every group the timed steps take, filled before they start: the buffer is
     # never empty in the Dask queue, whatever the producers' pace on this machine.
     batch_groups = spec.learner.batch_groups
-    capacity = (2 * steps + 1) * batch_groups
+    capacity = (2 * (steps + 2 * BLOCK) + 1) * batch_groups
     env_class = resolve_entrypoint(spec.env.entrypoint)
     rules = IntakeRules(spec.buffer, Ledger(), PromptSource(spec.data, env_class, spec.env.kwargs, 0),
                         Pace(batch_groups, spec.sync.interval, capacity + ACTORS + batch_groups), ACTORS,
@@ -89,38 +91,41 @@ def learner_overhead(client: Client, steps: int, learner_cores: set[int], host_c
     while reader.depth < capacity:  # let the actors fill the buffer
         time.sleep(0.1)
     reader.pop_stats()
-    measured = {}
+    rows = []
     for layout, pin in layouts.items():
         pin()
-        take_s, train_with, waited = [], [], 0
-        for _ in range(steps):
-            start = time.perf_counter()
-            groups = reader.take(batch_groups, 0)
-            take_s.append(time.perf_counter() - start)
-            waited += reader.pop_stats().wait_count > 0
-            state, seconds = _timed_step(train_step, state, _batch(spec, groups))
-            train_with.append(seconds)
-        measured[layout] = take_s, train_with, waited
+        take_s, times, waited = [], {True: [], False: []}, 0
+        # Blocks with the intake at work (take, then the step) and without (the step on a
+        # batch in hand; the intake then idles, reading reports every IDLE_MAX_S), taken in
+        # turns so that drift on a shared machine falls on both alike. A block's first step
+        # is not counted: it overlaps the intake's work for the block before.
+        for block in range(2 * -(-steps // BLOCK)):
+            buffered = block % 2 == 0
+            for i in range(BLOCK + 1):
+                if buffered:
+                    start = time.perf_counter()
+                    groups = reader.take(batch_groups, 0)
+                    took = time.perf_counter() - start
+                    waited += reader.pop_stats().wait_count > 0
+                    state, seconds = _timed_step(train_step, state, _batch(spec, groups))
+                else:
+                    state, seconds = _timed_step(train_step, state, batch)
+                if i:
+                    times[buffered].append(seconds)
+                    if buffered:
+                        take_s.append(took)
+        base, take = np.median(times[False]), np.median(take_s)
+        slowdown = np.median(times[True]) - base
+        rows.append({"layout": layout, "batch_groups": batch_groups, "steps": len(take_s), "steps_that_waited": waited,
+                     "train_ms": 1e3 * base, "take_ms": 1e3 * take,
+                     "take_p99_ms": 1e3 * float(np.percentile(take_s, 99)),
+                     "train_slowdown_ms": 1e3 * slowdown, "overhead_%": 100 * (take + max(slowdown, 0.0)) / base})
     reader.close()
     release_actors(client, channels, ACTORS)
     while not all(f.done() for f in actors):
         reader.drain()
         time.sleep(0.05)
     reader.release()
-    rows = []
-    for layout, pin in layouts.items():
-        pin()
-        train_without = []
-        for _ in range(steps):
-            state, seconds = _timed_step(train_step, state, batch)
-            train_without.append(seconds)
-        take_s, train_with, waited = measured[layout]
-        base, take = np.median(train_without), np.median(take_s)
-        slowdown = np.median(train_with) - base
-        rows.append({"layout": layout, "batch_groups": batch_groups, "steps": steps, "steps_that_waited": waited,
-                     "train_ms": 1e3 * base, "take_ms": 1e3 * take,
-                     "take_p99_ms": 1e3 * float(np.percentile(take_s, 99)),
-                     "train_slowdown_ms": 1e3 * slowdown, "overhead_%": 100 * (take + max(slowdown, 0.0)) / base})
     return rows
 
 
