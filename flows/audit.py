@@ -35,8 +35,9 @@ import numpy as np
 from tasks.intake import outstanding_bound
 
 # Scheduler round trips per group: prompt put and get, weights version and params look-ups,
-# scatter, buffer put and get, the result fetch, the report put (reports are read in batches).
-SCHEDULER_OPS_PER_GROUP = 9
+# the buffer put and get, the report put (prompts, groups and reports move in batches); a
+# group larger than buffer.inline_bytes adds its scatter and the learner's fetch.
+SCHEDULER_OPS_PER_GROUP = {"inline": 7, "future": 9}
 SCHEDULER_OPS_LIMIT = 1000  # per second: about where one Dask scheduler's event loop saturates
 PUBLISH_SHARE = 0.05  # the most of a step's time that publishing weights should cost
 
@@ -50,6 +51,7 @@ class Pool:
     batch_groups: int
     sync_interval: int
     updates_per_batch: int = 1  # learner.minibatches × learner.epochs
+    inline: bool = True  # groups travel inside the buffer's queue (buffer.inline_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,7 @@ def predict(m, pool: Pool) -> Prediction:
     return Prediction(produced=produced, consumed=consumed, busy_async=busy_async,
                       busy_sync=step / sync_step, groups_per_s_async=min(produced, consumed),
                       groups_per_s_sync=pool.batch_groups / sync_step,
-                      scheduler_ops=SCHEDULER_OPS_PER_GROUP * raw)
+                      scheduler_ops=SCHEDULER_OPS_PER_GROUP["inline" if pool.inline else "future"] * raw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +135,10 @@ def spec_pool(spec, actor_cores: float | None = None) -> Pool:
     if spec.actors.cluster == "local":
         actors = min(actors, spec.actors.workers)
     cores = actor_cores if actor_cores is not None else min(actors, os.cpu_count() or 1)
-    return Pool(actors, cores, spec.learner.batch_groups, spec.sync.interval, spec.learner.updates_per_batch)
+    # At most: tokens (int32), log-probs (float32) and versions (int32) of max_len each.
+    group_bytes = spec.actors.group_size * spec.model.max_len * 12
+    return Pool(actors, cores, spec.learner.batch_groups, spec.sync.interval, spec.learner.updates_per_batch,
+                inline=group_bytes <= spec.buffer.inline_bytes)
 
 
 def audit_command(spec, *, target_busy: float, groups: int, train_steps: int, env_steps: int,

@@ -35,6 +35,16 @@ def test_actor_cores_cap_production_and_rejections_lower_it():
     assert p.busy_sync == pytest.approx(0.2 / (2.05 + 0.2))
 
 
+def test_groups_beyond_inline_bytes_cost_the_scheduler_their_scatter_and_fetch():
+    m = measurements()
+    spec = parse_spec("name: t\nmodel: {max_len: 16}\nactors: {group_size: 8}\n")  # groups of ≤ 1536 bytes
+    inline = spec_pool(spec)
+    beyond = spec_pool(parse_spec("name: t\nmodel: {max_len: 16}\nactors: {group_size: 8}\n"
+                                  "buffer: {inline_bytes: 1000}\n"))
+    assert inline.inline and not beyond.inline
+    assert predict(m, beyond).scheduler_ops == pytest.approx(predict(m, inline).scheduler_ops * 9 / 7)
+
+
 def test_recommendation_reaches_the_target():
     m = measurements(publish=0.02)  # publishing costs 10% of a step: sync every 2 steps keeps it ≤ 5%
     r = recommend(m, batch_groups=4, target_busy=0.9)
