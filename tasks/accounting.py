@@ -64,6 +64,10 @@ class Ledger:
         with self._lock:
             self.retried += 1
 
+    def is_open(self, prompt_id: int, attempt: int) -> bool:
+        with self._lock:
+            return (prompt_id, attempt) in self._open
+
     def open_prompts(self) -> list[Prompt]:
         """Prompts in flight or buffered: what a resumed run must generate again."""
         with self._lock:

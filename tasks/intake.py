@@ -174,7 +174,15 @@ class IntakeRules:
 
     @_locked
     def on_take(self, group: Group, version: int) -> int | None:
-        """The exit check: the group's staleness if it is consumed, None if excluded as stale."""
+        """The exit check: the group's staleness if it is consumed, None if it is not trained
+        (excluded as stale, or its attempt already closed)."""
+        if not self.ledger.is_open(group.prompt_id, group.attempt):
+            # Its actor restarted after putting it and before reporting it, so the attempt was
+            # excluded as lost and its prompt sent again: training this group too would train
+            # the prompt twice.
+            self.log(f"prompt {group.prompt_id} attempt {group.attempt}: its group arrived after the "
+                     "attempt was counted lost; not trained (its retry is)")
+            return None
         staleness = group.staleness(version)
         limit = self.config.max_staleness
         if limit is not None and staleness > limit:

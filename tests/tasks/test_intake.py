@@ -161,10 +161,25 @@ def test_restarted_actor_loses_only_the_message_it_was_working_on():
     assert r.dispatch(version=0)[0] == [Prompt(p1.id, p1.text, attempt=1), Prompt(p2.id, p2.text, attempt=1)]
 
 
+def test_a_group_put_just_before_its_actor_restarted_is_not_trained_besides_its_retry():
+    r = rules(n_actors=1, outstanding=1)
+    r.on_report({"event": "hello", "actor": 0})
+    [p] = r.dispatch(version=0)[0]
+    orphan = group(p.id, sample(0))  # put into the buffer; the actor died before reporting it
+    r.on_report({"event": "hello", "actor": 0})  # its prompt: lost, and sent again
+    [retry] = r.dispatch(version=0)[0]
+    assert retry == Prompt(p.id, p.text, attempt=1)
+    assert r.on_take(orphan, version=0) is None
+    r.on_report({"event": "buffered", "actor": 0, "id": p.id, "attempt": 1})
+    assert r.on_take(group(p.id, sample(0), attempt=1), version=0) == 0
+    acc = r.accounting()
+    assert acc["consumed"] == 1 and acc["excluded"] == {"lost": 1} and balanced(acc)
+
+
 # The accounting invariant under random interleavings of everything that can happen.
 
 OPS = st.lists(st.tuples(
-    st.sampled_from(["dispatch", "finish", "deliver", "take", "bump", "crash"]),
+    st.sampled_from(["dispatch", "finish", "deliver", "take", "bump", "crash", "crash_after_put"]),
     st.integers(0, 2),
     st.sampled_from(["buffered", "buffered", "aborted", "filtered", "invalid"]),
 ), max_size=80)
@@ -180,6 +195,7 @@ def test_accounting_balances_after_every_event(ops, max_staleness, admission, re
     version = 0
     held = [collections.deque() for _ in range(3)]  # each simulated actor's messages
     buffer, reports = collections.deque(), collections.deque()  # reports: one FIFO, as on Dask
+    trained = collections.Counter()  # prompt id -> times trained
     for actor in range(3):
         reports.append({"event": "hello", "actor": actor})
     for op, actor, outcome in ops:
@@ -199,15 +215,22 @@ def test_accounting_balances_after_every_event(ops, max_staleness, admission, re
         elif op == "deliver" and reports:
             r.on_report(reports.popleft())
         elif op == "take" and buffer:
-            r.on_take(buffer.popleft(), version)
+            taken = buffer.popleft()
+            if r.on_take(taken, version) is not None:
+                trained[taken.prompt_id] += 1
         elif op == "bump":
             version += 1
         elif op == "crash":
             if held[actor]:
                 held[actor].popleft()  # the message it was playing dies with it
             reports.append({"event": "hello", "actor": actor})
+        elif op == "crash_after_put" and held[actor]:  # its group is in the buffer, unreported
+            prompt, started = held[actor].popleft()[0]
+            buffer.append(group(prompt.id, sample(started, version), attempt=prompt.attempt))
+            reports.append({"event": "hello", "actor": actor})
         acc = r.accounting()
         assert balanced(acc), (op, acc)
+        assert all(n == 1 for n in trained.values()), trained
         assert acc["in_flight"] + acc["buffered"] <= 6
 
 
