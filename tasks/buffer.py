@@ -230,9 +230,9 @@ class BufferReader:
             return self._local.popleft()
 
     def _run(self) -> None:
-        # Each cycle is one hand-over to the client's event loop and one round of scheduler
-        # requests in flight together; on a learner host without an accelerator their CPU
-        # is taken from the train step. So the thread cycles again soon only while the
+        # Each cycle is one hand-over to the client's event loop and up to two rounds of
+        # scheduler requests in flight together; on a learner host without an accelerator
+        # their CPU is taken from the train step. So the thread cycles again soon only while the
         # learner could use what it would find (it is waiting, or the prefetch has room and
         # groups are coming); otherwise it waits for a `take`, or at most IDLE_MAX_S, to
         # read the actors' reports.

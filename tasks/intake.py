@@ -181,7 +181,7 @@ class IntakeRules:
             # excluded as lost and its prompt sent again: training this group too would train
             # the prompt twice.
             self.log(f"prompt {group.prompt_id} attempt {group.attempt}: its group arrived after the "
-                     "attempt was counted lost; not trained (its retry is)")
+                     "attempt was counted lost; not trained")
             return None
         staleness = group.staleness(version)
         limit = self.config.max_staleness
