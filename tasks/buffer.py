@@ -142,6 +142,10 @@ IDLE_MIN_S, IDLE_MAX_S = 0.005, 0.08  # the intake thread's pause between looks,
 EXCHANGE_TIMEOUT_S = 120.0  # one look, send or fetch: past this the intake fails, loudly
 STARVED_LOG_S = 30.0  # a learner waiting this long for groups logs what the buffer knows
 
+# An item taken from the Dask queue: (its future's key, its group). An inline group has no
+# key and is still pickled (bytes); a future's group is None if its data was lost.
+Fetched = tuple[str | None, Group | bytes | None]
+
 
 class BufferReader:
     """The learner's end: prefetch, actor reports, dispatch, exit checks."""
@@ -232,21 +236,22 @@ class BufferReader:
     def _run(self) -> None:
         # Each cycle is one hand-over to the client's event loop and up to two rounds of
         # scheduler requests in flight together; on a learner host without an accelerator
-        # their CPU is taken from the train step. So the thread cycles again soon only while the
-        # learner could use what it would find (it is waiting, or the prefetch has room and
-        # groups are coming); otherwise it waits for a `take`, or at most IDLE_MAX_S, to
-        # read the actors' reports.
+        # their CPU is taken from the train step. So the thread cycles again soon only
+        # while the learner could use what it would find (it is waiting, or the prefetch
+        # has room and groups are coming); otherwise it waits for a `take`, or at most
+        # IDLE_MAX_S, to read the actors' reports.
         pause = IDLE_MIN_S
         try:
             while not self._closed.is_set():
                 self._wake.clear()  # a `take` from here on cuts the pause below short
-                room = self._prefetch - len(self._local)
-                fetched = self._keep(self._exchange(self._cycle, max(0, min(room, self._queued))))
-                if self._queued and len(self._local) < self._prefetch:
+                wanted = max(0, min(self._prefetch - len(self._local), self._queued))
+                fetched = self._keep(self._exchange(self._cycle, wanted))
+                room = len(self._local) < self._prefetch
+                if self._queued and room:
                     pause = 0.0  # groups reported in this cycle: fetch them in the next
-                elif self._starved or (fetched and len(self._local) < self._prefetch):
+                elif self._starved or (fetched and room):
                     pause = IDLE_MIN_S
-                elif len(self._local) < self._prefetch:  # room, but nothing arrived: back off
+                elif room:  # room, but nothing arrived: back off
                     pause = min(2 * pause, IDLE_MAX_S)
                 else:
                     pause = IDLE_MAX_S
@@ -263,7 +268,7 @@ class BufferReader:
         return self._client.sync(coroutine, *args, callback_timeout=EXCHANGE_TIMEOUT_S)
 
     # Coroutines on the client's event loop, where Queue methods return awaitables.
-    async def _cycle(self, n: int) -> list[tuple[str | None, Group | bytes | None]]:
+    async def _cycle(self, n: int) -> list[Fetched]:
         """One look at the queues: `n` groups from the buffer together with the actors'
         reports; then the prompts that the reports make room for."""
         reports, items = await asyncio.gather(self._reports.get(batch=True), self._get_groups(n))
@@ -277,10 +282,9 @@ class BufferReader:
                                for actor, prompts in messages.items()))
         return items
 
-    async def _get_groups(self, n: int) -> list[tuple[str | None, Group | bytes | None]]:
-        """`n` items from the Dask queue, in arrival order, as (future key, group): an inline
-        group has no key and is still on the wire (bytes: unpickled off the event loop); a
-        future's group is None if its data could not be fetched (lost).
+    async def _get_groups(self, n: int) -> list[Fetched]:
+        """`n` items from the Dask queue, in arrival order; inline groups stay pickled, to be
+        unpickled off the event loop.
 
         `n` counts only groups reported buffered, so the get never blocks: this is the
         queue's only consumer, and an actor reports a group after putting it.
@@ -303,7 +307,7 @@ class BufferReader:
         data = {f.key: g for f, g in zip(ready, fetched) if isinstance(g, Group)}
         return [(None, item) if isinstance(item, bytes) else (item.key, data.get(item.key)) for item in items]
 
-    def _keep(self, items: list[tuple[str | None, Group | bytes | None]]) -> int:
+    def _keep(self, items: list[Fetched]) -> int:
         """Adds fetched groups to the prefetch, in arrival order; returns how many items
         left the Dask queue."""
         self._queued -= len(items)
