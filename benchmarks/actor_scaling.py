@@ -23,7 +23,7 @@ from sync_vs_async import BENCH, SPEC
 
 from flows.audit import Pool, predict
 from flows.spec import load_spec
-from tasks.audit import measure
+from tasks.measure import measure
 
 
 def audit(overrides: list[str], learner_cores: set[int]):

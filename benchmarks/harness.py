@@ -90,7 +90,7 @@ def actor_pool(actors: int, cores: set[int], workers: int = 2) -> Iterator[str]:
     from distributed import Client
     from distributed.utils import open_port
 
-    from tasks.cluster import ACTOR_ENV
+    from tasks.actors.cluster import ACTOR_ENV
 
     workers = min(workers, actors)
     # The workers import what a spawned LocalCluster worker would: the repository, and

@@ -33,11 +33,13 @@ from learner.losses import group_advantages
 from learner.sharding import make_mesh
 from learner.train import TrainStep, init_train_state
 from learner.trajectory import Group, Sample
-from tasks.accounting import Ledger
-from tasks.buffer import BufferReader, BufferWriter, Channels, EntryChecks, release_actors
-from tasks.data import Prompt, PromptSource
-from tasks.envs import resolve_entrypoint
-from tasks.intake import IntakeRules, Pace
+from tasks.buffer.ledger import Ledger
+from tasks.buffer.channels import Channels, release_actors
+from tasks.buffer.reader import BufferReader
+from tasks.buffer.writer import BufferWriter, EntryChecks
+from tasks.buffer.prompts import Prompt, PromptSource
+from tasks.actors.envs import resolve_entrypoint
+from tasks.buffer.intake import IntakeRules, Pace
 
 from harness import pin_threads
 

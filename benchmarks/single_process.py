@@ -23,10 +23,10 @@ from learner.sampling import Sampler
 from learner.sharding import make_mesh
 from learner.chat import make_tokenizer
 from learner.train import TrainStep, init_train_state, params_numpy
-from tasks.data import PromptSource
-from tasks.envs import resolve_entrypoint
-from tasks.filters import resolve_filter
-from tasks.rollout import GroupRunner
+from tasks.buffer.prompts import PromptSource
+from tasks.actors.envs import resolve_entrypoint
+from tasks.buffer.filters import resolve_filter
+from tasks.actors.rollout import GroupRunner
 
 
 async def collect(runner, source, filters, n, params, version, key, seed):

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from harness import ROOT, TANDEM, emit  # benchmarks are scripts that import their siblings
-from tasks.accounting import balanced
+from tasks.buffer.ledger import balanced
 
 
 def slow_env_overrides(steps: int, latency_s: float) -> list[str]:

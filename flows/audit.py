@@ -1,6 +1,6 @@
 """`tandem audit SPEC`: the latency audit and the worker-pool design (seed 000).
 
-The audit measures the spec on this machine (`tasks.audit.measure`) and models the run
+The audit measures the spec on this machine (`tasks.measure.measure`) and models the run
 as two rates, groups per second into the buffer and out of it:
 
     produced = k · min(A / T_g, C / c)      consumed = B / (s + o)
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.intake import outstanding_bound
+from tasks.buffer.intake import outstanding_bound
 
 # Scheduler round trips per group: prompt put and get, weights version and params look-ups,
 # the buffer put and get, the report put (prompts, groups and reports move in batches); a
@@ -66,7 +66,7 @@ class Prediction:
 
 
 def predict(m, pool: Pool) -> Prediction:
-    """Rates and learner busy for measurements `m` (`tasks.audit.Measurements`) and `pool`."""
+    """Rates and learner busy for measurements `m` (`tasks.measure.Measurements`) and `pool`."""
     group_s, compute_s = float(np.mean(m.group_s)), float(np.mean(m.group_compute_s))
     raw = min(pool.actors / group_s, pool.actor_cores / compute_s)  # groups finished per second
     produced = m.kept * raw
@@ -143,7 +143,7 @@ def spec_pool(spec, actor_cores: float | None = None) -> Pool:
 
 def audit_command(spec, *, target_busy: float, groups: int, train_steps: int, env_steps: int,
                   actor_cores: float | None, json_path: Path | None) -> int:
-    from tasks.audit import measure
+    from tasks.measure import measure
 
     m = measure(spec, env_steps=env_steps, groups=groups, train_steps=train_steps)
     pool = spec_pool(spec, actor_cores)

@@ -16,9 +16,9 @@ from matplotlib.figure import Figure
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.metrics import MetricsLog
-from tasks.records import record_summary
-from tasks.tensorboard import rewrite_events
+from tasks.records.metrics_log import MetricsLog
+from tasks.records.artifacts import record_summary
+from tasks.records.tensorboard import rewrite_events
 
 # A Figure made without pyplot renders through matplotlib's Agg canvas: no display,
 # no global figure state, safe in worker threads.

@@ -9,8 +9,8 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.report import publish_report
 from flows.spec import Spec
-from tasks.cluster import actor_cluster
-from tasks.learn import learn
+from tasks.actors.cluster import actor_cluster
+from tasks.runtime.task import learn
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)

@@ -44,7 +44,7 @@ def dask_cluster():
     """A Dask LocalCluster of two worker processes for the session; its scheduler address."""
     from distributed import LocalCluster
 
-    from tasks.cluster import ACTOR_ENV
+    from tasks.actors.cluster import ACTOR_ENV
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None, env=ACTOR_ENV) as cluster:

@@ -10,8 +10,8 @@ from flows.spec import parse_spec
 from learner.chat import make_tokenizer
 from learner.model import init_params
 from learner.sampling import Sampler
-from tasks.envs import resolve_entrypoint
-from tasks.rollout import GroupRunner
+from tasks.actors.envs import resolve_entrypoint
+from tasks.actors.rollout import GroupRunner
 from tests.conftest import ROOT
 
 

@@ -8,7 +8,7 @@ import pytest
 from flows.audit import Pool, predict, recommend, spec_pool, warnings
 from flows.cli import main
 from flows.spec import parse_spec
-from tasks.audit import Measurements
+from tasks.measure import Measurements
 
 
 def measurements(group_compute=0.05, turns=4, latency=0.5, kept=1.0, step=0.2, batch=0.0, publish=0.0):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from tasks.accounting import balanced
-from tasks.cluster import ACTOR_ENV
+from tasks.buffer.ledger import balanced
+from tasks.actors.cluster import ACTOR_ENV
 from tests.conftest import ROOT, free_port, tandem
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ from prefect.flows import load_flow_from_entrypoint
 
 from flows.deploy import resolve_spec
 from flows.spec import SpecError
-from tasks.accounting import balanced
+from tasks.buffer.ledger import balanced
 from tests.conftest import ROOT
 
 PREFECT = str(Path(sys.executable).parent / "prefect")

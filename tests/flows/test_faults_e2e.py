@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tasks.accounting import balanced
+from tasks.buffer.ledger import balanced
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e

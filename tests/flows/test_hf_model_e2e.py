@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tasks.accounting import balanced
+from tasks.buffer.ledger import balanced
 from tests.conftest import tandem
 
 torch = pytest.importorskip("torch")

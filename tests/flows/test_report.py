@@ -14,7 +14,7 @@ from tensorboardX.proto.event_pb2 import Event
 
 from flows.cli import main
 from flows.report import PLOTS, publish_report
-from tasks.records import PROGRESS_ARTIFACT, SUMMARY_ARTIFACT, ProgressRecord
+from tasks.records.artifacts import PROGRESS_ARTIFACT, SUMMARY_ARTIFACT, ProgressRecord
 
 STEPS = 24
 

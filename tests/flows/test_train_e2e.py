@@ -11,7 +11,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
-from tasks.accounting import balanced
+from tasks.buffer.ledger import balanced
 from tests.conftest import ROOT, tandem
 
 pytestmark = pytest.mark.e2e

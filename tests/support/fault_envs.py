@@ -3,7 +3,7 @@
 import time
 from pathlib import Path
 
-from tasks.envs.guess_number import GuessNumber
+from tasks.actors.envs.guess_number import GuessNumber
 
 
 class HangsOnce(GuessNumber):

@@ -1,0 +1,203 @@
+"""The buffer's rules, apart from any transport: what to dispatch to which actor, what the
+actors' reports mean, and which groups the learner may take.
+
+Pure Python and deterministic, so the rules can be driven through random interleavings
+in tests; `tasks.buffer.BufferReader` moves the messages over Dask.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import threading
+
+from learner.trajectory import Group
+from tasks.buffer.ledger import Ledger
+from tasks.config import BufferConfig
+from tasks.buffer.prompts import Prompt, PromptSource
+
+
+
+def _locked(method):
+    """The learner's thread takes groups while the intake thread applies reports."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """How fast data is consumed: what admission control needs to bound staleness."""
+
+    batch_groups: int  # groups per batch
+    sync_interval: int  # learner steps per version
+    outstanding: int  # most attempts in flight or buffered at once (bounded asynchrony)
+    updates_per_batch: int = 1  # learner steps per batch (minibatches × epochs)
+    synchronous: bool = False  # learner.mode sync: generate only what the waiting learner needs
+
+
+def outstanding_bound(capacity: int, actors: int, batch_groups: int) -> int:
+    """The most attempts open at once (bounded asynchrony): a full buffer, the batch the
+    learner holds and the next, and two per actor: the one it plays and one in reserve,
+    so that an actor never waits for the learner's next `take` to be given a prompt."""
+    return capacity + 2 * batch_groups + 2 * actors
+
+
+class IntakeRules:
+    """Dispatch, reports and the exit check of one learner session."""
+
+    def __init__(self, config: BufferConfig, ledger: Ledger, source: PromptSource, pace: Pace,
+                 n_actors: int, log=print):
+        self.config, self.ledger, self.source, self.pace, self.log = config, ledger, source, pace, log
+        # What each actor holds: its messages in the order sent (its queue is FIFO), each
+        # the attempts of one `dispatch` not yet reported, in the order it plays them.
+        self.held: list[collections.deque[list[tuple[int, int]]]] = [collections.deque() for _ in range(n_actors)]
+        self._hellos = [0] * n_actors
+        self._logged: collections.Counter[str] = collections.Counter()
+        # Buffered groups by their future's key, to name a group whose data was lost with
+        # its worker; keys fetched (or lost) before their "buffered" report arrived.
+        self._keys: dict[str, tuple[int, int]] = {}
+        self._early: dict[str, bool] = {}
+        self.wanted = 0  # groups a waiting learner still needs (synchronous mode makes only these)
+        self._lock = threading.RLock()
+
+    @_locked
+    def accounting(self) -> dict:
+        """The ledger's attempt counts plus where every prompt drawn so far is.
+
+        prompts = in_flight + buffered + consumed + Σ excluded − retried + waiting, where a
+        retried attempt's prompt is counted again by its next attempt (or as waiting).
+        """
+        return {**self.ledger.snapshot(), "prompts": self.source.cursor,
+                "waiting": len(self.source.waiting)}
+
+    def admissible(self, version: int) -> int:
+        """How many new attempts may start now.
+
+        Bounded by `pace.outstanding`; with `buffer.admission`, also by the staleness budget
+        (AReaL-style): G groups are consumed per version, so while an attempt dispatched at
+        version v is open, at most (v + max_staleness + 1)·G groups may be consumed or open;
+        it is then taken at a version ≤ v + max_staleness, whatever order groups arrive in.
+        v is the oldest open attempt's (or the current version if none is open).
+        In synchronous mode, only what the waiting learner still lacks.
+        """
+        snap = self.ledger.snapshot()
+        open_ = snap["in_flight"] + snap["buffered"]
+        room = self.pace.outstanding - open_
+        if self.pace.synchronous:
+            room = min(room, self.wanted - open_)
+        if self.config.admission:
+            per_version = self.pace.batch_groups * self.pace.sync_interval / self.pace.updates_per_batch
+            oldest = self.ledger.oldest_open_version()
+            oldest = version if oldest is None else oldest
+            budget = (oldest + self.config.max_staleness + 1) * per_version
+            room = min(room, int(budget) - snap["consumed"] - open_)
+        return max(0, room)
+
+    @_locked
+    def want(self, n: int) -> None:
+        """The learner starts waiting for `n` groups."""
+        self.wanted = n
+
+    @_locked
+    def dispatch(self, version: int) -> dict[int, list[Prompt]]:
+        """Prompts to send now, as one message per actor: each prompt goes to the actor
+        holding the fewest. A message is the unit an actor loses if it restarts."""
+        out: dict[int, list[Prompt]] = {}
+        for _ in range(self.admissible(version)):
+            prompt = self.source.next()
+            actor = min(range(len(self.held)), key=self._holding)
+            if actor not in out:
+                self.held[actor].append([])
+            self.held[actor][-1].append((prompt.id, prompt.attempt))
+            self.ledger.dispatched(prompt, version)
+            out.setdefault(actor, []).append(prompt)
+        return out
+
+    def _holding(self, actor: int) -> int:
+        return sum(len(message) for message in self.held[actor])
+
+    @_locked
+    def on_report(self, report: dict) -> None:
+        """An actor's report: hello (it started), buffered, or excluded at entry."""
+        event, actor = report["event"], report["actor"]
+        if event == "hello":
+            self._hellos[actor] += 1
+            if self._hellos[actor] > 1 and self.held[actor]:
+                # A restarted actor lost the message it was working on: the oldest it held.
+                for prompt_id, attempt in self.held[actor].popleft():
+                    self.log(f"actor {actor} restarted; prompt {prompt_id} attempt {attempt} is lost")
+                    self.exclude(prompt_id, attempt, "lost")
+            return
+        key = (report["id"], report["attempt"])
+        for message in self.held[actor]:
+            if key in message:
+                message.remove(key)
+                if not message:
+                    self.held[actor].remove(message)
+                break
+        if event == "buffered":
+            self.ledger.buffered(*key)
+            future_key = report.get("key")
+            if future_key is None:
+                return
+            if future_key not in self._early:
+                self._keys[future_key] = key
+            elif self._early.pop(future_key):
+                self.exclude(*key, "lost")
+        else:
+            self._log_exclusion(key, report["reason"], report["detail"])
+            self.exclude(*key, report["reason"])
+
+    @_locked
+    def on_fetch(self, future_key: str, *, lost: bool) -> None:
+        """The learner fetched a buffered group's data, or found it lost with its worker."""
+        key = self._keys.pop(future_key, None)
+        if key is None:
+            self._early[future_key] = lost
+        elif lost:
+            self.log(f"prompt {key[0]} attempt {key[1]}: its group was lost with its worker")
+            self.exclude(*key, "lost")
+
+    def _log_exclusion(self, key: tuple[int, int], reason: str, detail: str, first: int = 3) -> None:
+        """Logs the first few exclusions of each reason in detail; metrics count them all."""
+        if reason == "filtered" or self._logged[reason] > first:
+            return
+        self._logged[reason] += 1
+        more = "; further ones are only counted" if self._logged[reason] > first else ""
+        self.log(f"excluded prompt {key[0]} attempt {key[1]} ({reason}): {detail}{more}")
+
+    @_locked
+    def on_take(self, group: Group, version: int) -> int | None:
+        """The exit check: the group's staleness if it is consumed, None if it is not trained
+        (excluded as stale, or its attempt already closed)."""
+        if not self.ledger.is_open(group.prompt_id, group.attempt):
+            # Its actor restarted after putting it and before reporting it, so the attempt was
+            # excluded as lost and its prompt sent again: training this group too would train
+            # the prompt twice.
+            self.log(f"prompt {group.prompt_id} attempt {group.attempt}: its group arrived after the "
+                     "attempt was counted lost; not trained")
+            return None
+        staleness = group.staleness(version)
+        limit = self.config.max_staleness
+        if limit is not None and staleness > limit:
+            self.exclude(group.prompt_id, group.attempt, "stale")
+            return None
+        self.ledger.consume(group.prompt_id, group.attempt)
+        self.wanted = max(0, self.wanted - 1)
+        return staleness
+
+    @_locked
+    def exclude(self, prompt_id: int, attempt: int, reason: str) -> None:
+        """Closes an attempt; retryable reasons send its prompt back, ahead of new ones."""
+        prompt = self.ledger.exclude(prompt_id, attempt, reason)
+        retry = reason == "lost" or reason in self.config.retry
+        if prompt is None or not retry or prompt.attempt >= self.config.max_retries:
+            return
+        self.source.again(Prompt(prompt.id, prompt.text, prompt.attempt + 1))
+        self.ledger.requeued()

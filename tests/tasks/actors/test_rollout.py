@@ -1,0 +1,137 @@
+"""Groups played by a real (tiny, random) policy against scripted environments."""
+
+import asyncio
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from learner.config import ModelConfig, TokenizerConfig
+from learner.model import init_params
+from learner.sampling import Sampler
+from learner.chat import make_tokenizer
+from learner.trajectory import OBSERVATION
+from tasks.config import ActorsConfig, EnvConfig
+from tasks.actors.rollout import GroupRunner
+from tasks.buffer.validation import invalid_reason
+
+MODEL = ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_len=32,
+                    tokenizer=TokenizerConfig(alphabet="abc:!"))
+
+
+class Countdown:
+    """Done after `turns` steps with reward 1; observation ":" each turn."""
+
+    def __init__(self, turns=2, reward=1.0, fail=False):
+        self.turns, self.reward, self.fail = turns, reward, fail
+
+    def task(self, rng):
+        return "p"
+
+    def reset(self, prompt):
+        self.left = self.turns
+        return ":"
+
+    def step(self, action):
+        if self.fail:
+            raise RuntimeError("tool crashed")
+        self.left -= 1
+        return ":", self.reward if self.left == 0 else 0.0, self.left == 0, {"success": True}
+
+
+class AsyncCountdown(Countdown):
+    async def step(self, action):
+        await asyncio.sleep(0.01)
+        return Countdown.step(self, action)
+
+
+class Hang(Countdown):
+    def step(self, action):
+        import time
+        time.sleep(5)
+        return ":", 0.0, True, {}
+
+
+@pytest.fixture(scope="module")
+def params():
+    return jax.device_get(init_params(MODEL, 0))
+
+
+def play(env_factory, params, version=0, refresh=None, group_size=3, max_turns=4, timeout=30.0,
+         step_timeout_s=None, **actors):
+    runner = GroupRunner([env_factory() for _ in range(group_size)], Sampler(MODEL),
+                         make_tokenizer(MODEL),
+                         EnvConfig(max_turns=max_turns, episode_timeout_s=timeout, step_timeout_s=step_timeout_s),
+                         ActorsConfig(group_size=group_size, max_new_tokens=2, **actors))
+    return asyncio.run(runner.run(7, "p", 1, params, version, jax.random.PRNGKey(0), refresh=refresh))
+
+
+def test_group_records_tokens_logprobs_and_versions(params):
+    group = play(Countdown, params, version=3)
+    assert group.aborted is None and (group.prompt_id, group.attempt) == (7, 1)
+    assert len(group.samples) == 3 and list(group.rewards) == [1.0, 1.0, 1.0]
+    for s in group.samples:
+        assert len(s.tokens) == len(s.logprobs) == len(s.versions)
+        assert set(s.versions[s.generated].tolist()) == {3}
+        assert np.all(s.logprobs[s.generated] < 0) and np.all(s.logprobs[~s.generated] == 0)
+        assert s.versions[0] == OBSERVATION and s.success is True
+    assert group.oldest_version == 3 and invalid_reason(group, vocab_size=MODEL.vocab_size, max_len=32) is None
+
+
+def test_async_environments_work(params):
+    assert play(AsyncCountdown, params).aborted is None
+
+
+def test_environment_error_aborts_the_group(params):
+    group = play(lambda: Countdown(fail=True), params)
+    assert group.aborted == "env error: RuntimeError: tool crashed" and group.samples == ()
+
+
+def test_max_turns_without_finishing_aborts(params):
+    assert "max_turns (2)" in play(lambda: Countdown(turns=5), params, max_turns=2).aborted
+
+
+def test_episode_timeout_aborts(params):
+    assert play(Hang, params, timeout=0.5).aborted == "timeout after 0.5s"
+
+
+def test_step_timeout_aborts(params):
+    group = play(Hang, params, timeout=30.0, step_timeout_s=0.3)
+    assert group.aborted == "env step timeout after 0.3s"
+
+
+def test_nan_reward_is_recorded_and_found_invalid(params):
+    group = play(lambda: Countdown(reward=math.nan), params)
+    assert group.aborted is None
+    assert "not finite" in invalid_reason(group, vocab_size=MODEL.vocab_size, max_len=32)
+
+
+def test_retract_switches_weights_between_turns(params):
+    new = jax.tree.map(lambda x: x * 1.5, params)
+    group = play(lambda: Countdown(turns=3), params, version=0, refresh=lambda: (1, new),
+                 sync_check_tokens=1, on_sync="retract")
+    versions = [set(s.versions[s.generated].tolist()) for s in group.samples]
+    assert all(v == {0, 1} for v in versions)
+    assert group.oldest_version == 0 and group.staleness(1) == 1
+
+
+def test_finish_keeps_the_weights_of_the_episode_start(params):
+    group = play(lambda: Countdown(turns=3), params, refresh=lambda: (1, params),
+                 sync_check_tokens=1, on_sync="finish")
+    assert all(set(s.versions[s.generated].tolist()) == {0} for s in group.samples)
+
+
+def test_abort_drops_the_group_on_a_new_version(params):
+    group = play(lambda: Countdown(turns=3), params, refresh=lambda: (1, params),
+                 sync_check_tokens=1, on_sync="abort")
+    assert "on_sync: abort" in group.aborted
+
+
+@pytest.mark.parametrize("dist", ["fixed", "uniform", "exponential"])
+def test_latency_distributions_keep_their_mean(dist):
+    runner = GroupRunner([], None, None, EnvConfig(latency_s=0.2, latency_dist=dist), ActorsConfig())
+    runner._rng.seed(0)
+    draws = np.array([runner._latency() for _ in range(20_000)])
+    assert abs(draws.mean() - 0.2) < 0.01 and draws.min() >= 0
+    assert (draws.std() < 1e-9) == (dist == "fixed")

@@ -1,0 +1,156 @@
+"""The buffer over a real Dask queue: FIFO in arrival order, entry checks, backpressure."""
+
+import contextlib
+import os
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, Future, LocalCluster, Queue, get_client
+
+from learner.trajectory import OBSERVATION, Group, Sample
+from tasks.buffer.ledger import Ledger, balanced
+from tasks.buffer import reader as buffer
+from tasks.buffer.channels import Channels
+from tasks.buffer.reader import BufferReader
+from tasks.buffer.writer import BufferWriter, EntryChecks
+from tasks.config import BufferConfig, DataConfig
+from tasks.buffer.prompts import PromptSource
+from tasks.actors.envs.guess_number import GuessNumber
+from tasks.buffer.filters import zero_variance
+from tasks.buffer.intake import IntakeRules, Pace
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=1, threads_per_worker=3, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
+def make_group(prompt_id, rewards=(0.0, 1.0), reward_nan=False):
+    versions = np.array([OBSERVATION, 0], np.int32)
+    samples = tuple(Sample(np.array([1, 3], np.int32), np.zeros(2, np.float32), versions,
+                           float("nan") if reward_nan else r) for r in rewards)
+    return Group(prompt_id, "secret=a", samples, 0.0, 0.0)
+
+
+def produce(actor, session, prompt_id, delay, inline_bytes=BufferConfig().inline_bytes, **group):
+    """An actor's end: wait `delay` (a slow episode), then put the group."""
+    time.sleep(delay)
+    checks = EntryChecks({"zero_variance": zero_variance}, vocab_size=10, max_len=8)
+    writer = BufferWriter(actor, Channels(session), get_client(), checks, inline_bytes)
+    return writer.put(make_group(prompt_id, **group))
+
+
+def reader_for(client, session, n_actors=3, capacity=8, start=True):
+    source = PromptSource(DataConfig(), GuessNumber, {}, seed=0)
+    rules = IntakeRules(BufferConfig(capacity=capacity), Ledger(), source,
+                        Pace(batch_groups=1, sync_interval=1, outstanding=n_actors), n_actors, log=lambda _: None)
+    reader = BufferReader(Channels(session), client, rules, capacity=capacity, prefetch=1)
+    return reader.start() if start else reader
+
+
+def test_groups_are_taken_in_arrival_order_not_submission_order(client):
+    reader = reader_for(client, "fifo")
+    try:
+        time.sleep(0.3)  # the reader dispatches prompts 0, 1, 2 to actors 0, 1, 2: A, B, C
+        # Submitted A, B, C; B finishes first, then C, then A.
+        futures = [client.submit(produce, actor, "fifo", actor, delay, pure=False)
+                   for actor, delay in ((0, 1.5), (1, 0.1), (2, 0.8))]
+        client.gather(futures)
+        taken = [reader.take(1, version=0)[0].prompt_id for _ in range(3)]
+        assert taken == [1, 2, 0]  # B, C, A
+        assert balanced(reader.rules.accounting())
+    finally:
+        reader.close()
+        reader.release()
+
+
+def test_entry_checks_exclude_before_the_buffer(client):
+    reader = reader_for(client, "entry")
+    try:
+        time.sleep(0.3)
+        client.gather([
+            client.submit(produce, 0, "entry", 0, 0.0, rewards=(1.0, 1.0), pure=False),  # zero variance
+            client.submit(produce, 1, "entry", 1, 0.0, reward_nan=True, pure=False),  # invalid
+            client.submit(produce, 2, "entry", 2, 0.0, pure=False)])
+        assert reader.take(1, version=0)[0].prompt_id == 2
+        time.sleep(0.3)
+        accounting = reader.rules.accounting()
+        assert accounting["excluded"] == {"filtered": 1, "invalid": 1} and balanced(accounting)
+    finally:
+        reader.close()
+        reader.release()
+
+
+def test_a_full_buffer_blocks_the_producer_until_the_learner_takes(client):
+    reader = reader_for(client, "full", n_actors=3, capacity=1)
+    try:
+        time.sleep(0.3)
+        client.gather([client.submit(produce, 0, "full", 0, 0.0, pure=False)])  # fills it (and prefetch)
+        client.gather([client.submit(produce, 1, "full", 1, 0.0, pure=False)])  # fills it again
+        blocked = client.submit(produce, 2, "full", 2, 0.0, pure=False)
+        time.sleep(1.0)
+        assert not blocked.done()  # waiting for room
+        reader.take(1, version=0)
+        assert blocked.result(timeout=10) > 0.5  # the seconds it was blocked
+    finally:
+        reader.close()
+        reader.release()
+
+
+def test_a_starved_learner_says_what_the_buffer_knows(client, monkeypatch):
+    monkeypatch.setattr(buffer, "STARVED_LOG_S", 0.3)
+    logged = []
+    reader = reader_for(client, "starved", n_actors=1)
+    reader.rules.log = logged.append
+    try:
+        client.submit(produce, 0, "starved", 0, 1.5, pure=False)  # a slow episode
+        assert reader.take(1, version=0)[0].prompt_id == 0
+        assert logged and "waited" in logged[0] and "'in_flight': 1" in logged[0]
+    finally:
+        reader.close()
+        reader.release()
+
+
+def test_a_group_travels_inline_up_to_inline_bytes_and_as_a_future_beyond(client):
+    session = "sizes"
+    client.submit(produce, 0, session, 0, 0.0, inline_bytes=0, pure=False).result()
+    client.submit(produce, 1, session, 1, 0.0, pure=False).result()
+    big, small = Queue(Channels(session).buffer, client=client).get(batch=2)
+    assert isinstance(big, Future) and isinstance(small, bytes)
+    for item, prompt_id in ((big.result(), 0), (Group.from_wire(small), 1)):
+        expected = make_group(prompt_id)
+        assert (item.prompt_id, item.prompt, item.rewards.tolist()) == (prompt_id, expected.prompt, [0.0, 1.0])
+        for got, want in zip(item.samples, expected.samples):
+            np.testing.assert_array_equal(got.tokens, want.tokens)
+            np.testing.assert_array_equal(got.versions, want.versions)
+
+
+def _exit():
+    os._exit(1)
+
+
+def test_a_group_whose_worker_died_is_lost_and_retried():
+    # Its data was scattered: once its worker is gone nothing can recompute it.
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        reader = reader_for(client, "died", n_actors=1, capacity=2, start=False)
+        reader._fetch_timeout_s = 0.5
+        producer = client.submit(produce, 0, "died", 0, 0.0, inline_bytes=0, pure=False)  # a future
+        producer.result()
+        [worker] = client.who_has()[producer.key]
+        with contextlib.suppress(Exception):
+            client.run(_exit, workers=[worker])
+        reader.start()
+        try:
+            deadline = time.monotonic() + 30
+            while reader.rules.accounting()["excluded"].get("lost", 0) < 1:
+                assert time.monotonic() < deadline, reader.rules.accounting()
+                time.sleep(0.1)
+            accounting = reader.rules.accounting()
+            assert accounting["waiting"] + accounting["in_flight"] == 1 and balanced(accounting)
+        finally:
+            reader.close()
+            reader.release()
