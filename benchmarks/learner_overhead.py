@@ -28,13 +28,13 @@ import psutil
 from distributed import Client, Queue, get_client
 
 from flows.spec import load_spec
-from learner.batching import make_batch
-from learner.losses import group_advantages
+from learner.batching import batch_of_groups
 from learner.sharding import make_mesh
 from learner.train import TrainStep, init_train_state
 from learner.trajectory import Group, Sample
 from tasks.buffer.ledger import Ledger
-from tasks.buffer.channels import Channels, release_actors
+from tasks.buffer.channels import Channels, stop_actors
+from tasks.buffer.exchange import Exchange
 from tasks.buffer.reader import BufferReader
 from tasks.buffer.writer import BufferWriter, EntryChecks
 from tasks.buffer.prompts import Prompt, PromptSource
@@ -47,6 +47,12 @@ SPEC = "specs/guess-number.yaml"
 ACTORS = 2
 BLOCK = 10  # steps in a row with the intake at work, then as many without
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Unpublished:
+    """The learner's versions: none is published here."""
+
+    current = visible = 0
 
 
 def canned_group(group_size: int, length: int, vocab: int) -> Group:
@@ -79,14 +85,15 @@ def learner_overhead(client: Client, steps: int, learner_cores: set[int], host_c
                         Pace(batch_groups, spec.sync.interval, capacity + ACTORS + batch_groups), ACTORS,
                         log=lambda _: None)
     channels = Channels(uuid.uuid4().hex[:8])
-    reader = BufferReader(channels, client, rules, capacity=capacity, prefetch=2 * batch_groups).start()  # as the session
+    reader = BufferReader(rules, Unpublished(), prefetch=2 * batch_groups)  # as the session's
+    exchange = Exchange(channels, client, rules, reader, capacity=capacity).start()
     group = canned_group(spec.actors.group_size, spec.model.max_len, spec.model.vocab_size)
     checks = EntryChecks({}, spec.model.vocab_size, spec.model.max_len)
     actors = [client.submit(canned_actor, a, channels, checks, spec.buffer.inline_bytes, group, pure=False)
               for a in range(ACTORS)]
     mesh = make_mesh(spec.learner.mesh)
     state, train_step = init_train_state(spec.model, spec.learner, seed=0, mesh=mesh), TrainStep(spec.model, spec.learner, mesh)
-    batch = _batch(spec, reader.take(batch_groups, 0))
+    batch = batch_of_groups(reader.take(batch_groups), spec.learner)
     state, _ = train_step(state, batch)  # compile; XLA's threads exist from here on
     layouts = {"one core": lambda: _pin(learner_cores, learner_cores),
                "device apart": lambda: _pin(learner_cores, host_cores)}
@@ -106,10 +113,10 @@ def learner_overhead(client: Client, steps: int, learner_cores: set[int], host_c
             for i in range(BLOCK + 1):
                 if buffered:
                     start = time.perf_counter()
-                    groups = reader.take(batch_groups, 0)
+                    groups = reader.take(batch_groups)
                     took = time.perf_counter() - start
                     waited += reader.pop_stats().wait_count > 0
-                    state, seconds = _timed_step(train_step, state, _batch(spec, groups))
+                    state, seconds = _timed_step(train_step, state, batch_of_groups(groups, spec.learner))
                 else:
                     state, seconds = _timed_step(train_step, state, batch)
                 if i:
@@ -122,12 +129,9 @@ def learner_overhead(client: Client, steps: int, learner_cores: set[int], host_c
                      "train_ms": 1e3 * base, "take_ms": 1e3 * take,
                      "take_p99_ms": 1e3 * float(np.percentile(take_s, 99)),
                      "train_slowdown_ms": 1e3 * slowdown, "overhead_%": 100 * (take + max(slowdown, 0.0)) / base})
-    reader.close()
-    release_actors(client, channels, ACTORS)
-    while not all(f.done() for f in actors):
-        reader.drain()
-        time.sleep(0.05)
-    reader.release()
+    exchange.stop()
+    stop_actors(client, channels, ACTORS, done=lambda: all(f.done() for f in actors), timeout_s=60)
+    exchange.release()
     return rows
 
 
@@ -143,10 +147,3 @@ def _timed_step(train_step, state, batch):
     start = time.perf_counter()
     state, _ = train_step(state, batch)  # its metrics are host floats: the step has finished
     return state, time.perf_counter() - start
-
-
-def _batch(spec, groups: list[Group]):
-    rewards = np.stack([g.rewards for g in groups])
-    advantages = np.asarray(group_advantages(rewards, normalize_std=True)).reshape(-1)
-    samples = [s for g in groups for s in g.samples]
-    return make_batch(samples, advantages.tolist(), spec.learner.buckets, len(samples))

@@ -17,11 +17,8 @@ import jax
 import numpy as np
 
 from flows.spec import load_spec
-from learner.batching import make_batch
-from learner.losses import group_advantages
-from learner.sampling import Sampler
+from learner.batching import batch_of_groups
 from learner.sharding import make_mesh
-from learner.chat import make_tokenizer
 from learner.train import TrainStep, init_train_state, params_numpy
 from tasks.buffer.prompts import PromptSource
 from tasks.actors.envs import resolve_entrypoint
@@ -51,9 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     spec = load_spec(args.spec, args.overrides)
     env_class = resolve_entrypoint(spec.env.entrypoint)
-    runner = GroupRunner([env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)],
-                         Sampler(spec.model, stop_ids=make_tokenizer(spec.model).stop_ids),
-                         make_tokenizer(spec.model), spec.env, spec.actors)
+    runner = GroupRunner.build(env_class, spec.env, spec.actors, spec.model)
     source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
     filters = [resolve_filter(f) for f in spec.buffer.filters]
     mesh = make_mesh(spec.learner.mesh)
@@ -65,11 +60,7 @@ def main() -> None:
     for step in range(1, spec.learner.steps + 1):
         groups, success = asyncio.run(
             collect(runner, source, filters, spec.learner.batch_groups, params, version, key, spec.seed))
-        rewards = np.stack([g.rewards for g in groups])
-        adv = np.asarray(group_advantages(rewards, normalize_std=spec.learner.loss.normalize_std)).reshape(-1)
-        batch = make_batch([s for g in groups for s in g.samples], adv.tolist(), spec.learner.buckets,
-                           spec.learner.batch_groups * spec.actors.group_size)
-        state, metrics = train_step(state, batch)
+        state, metrics = train_step(state, batch_of_groups(groups, spec.learner))
         curve.append({"step": step, "time": time.perf_counter() - start, "success": success,
                       "entropy": metrics["entropy"]})
         if step % spec.sync.interval == 0:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.buffer.intake import outstanding_bound
+from tasks.buffer.intake import groups_per_version, outstanding_bound
 
 # Scheduler round trips per group: prompt put and get, weights version and params look-ups,
 # the buffer put and get, the report put (prompts, groups and reports move in batches); a
@@ -102,7 +102,7 @@ def recommend(m, batch_groups: int, target_busy: float, updates_per_batch: int =
     # more only adds staleness whenever the actors outpace the learner.
     capacity = 2 * batch_groups
     busy = predict(m, Pool(actors, cores, batch_groups, interval, updates_per_batch)).busy_async
-    staleness = outstanding_bound(capacity, actors, batch_groups) * updates_per_batch / (batch_groups * interval)
+    staleness = outstanding_bound(capacity, actors, batch_groups) / groups_per_version(batch_groups, interval, updates_per_batch)
     return Recommendation(actors, cores, capacity, interval, staleness, busy)
 
 
@@ -121,7 +121,7 @@ def warnings(m, spec, pool: Pool, prediction: Prediction, target_busy: float) ->
     if prediction.produced > 1.5 * prediction.consumed:
         out.append(f"the actors outpace the learner {prediction.produced / prediction.consumed:.1f}x: "
                    "the buffer stays full, actors block on it, and every group waits "
-                   f"{spec.buffer.capacity * pool.updates_per_batch / (pool.batch_groups * pool.sync_interval):.1f} "
+                   f"{spec.buffer.capacity / groups_per_version(pool.batch_groups, pool.sync_interval, pool.updates_per_batch):.1f} "
                    "versions in it")
     if prediction.scheduler_ops > SCHEDULER_OPS_LIMIT:
         out.append(f"~{prediction.scheduler_ops:.0f} scheduler ops/s (> {SCHEDULER_OPS_LIMIT}): the Dask "

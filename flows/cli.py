@@ -1,6 +1,8 @@
 """`tandem`: validate, run and resume experiment specs.
 
-Exit codes: 0 success, 1 the run failed, 2 a bad spec.
+Exit codes: 0 success, 1 the run failed, 2 a bad spec: one that does not validate, or
+that cannot run from here (an environment, filter or cluster class that does not import,
+a data file that does not read), found before anything starts.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, help_ in (("validate", "check a spec; print every error with its field and line"),
+    for name, help_ in (("validate", ("check a spec, and that its modules import and its data file reads; "
+                                      "print every error with its field and line")),
                         ("run", "run a spec (resumes if its run directory has checkpoints)")):
         command = commands.add_parser(name, help=help_)
         command.add_argument("spec", type=Path)

@@ -1,11 +1,13 @@
 """The experiment spec: one frozen pydantic tree, loaded from YAML with errors that
-name the field path and the YAML line."""
+name the field path and the YAML line, and checked to be runnable from here (its
+modules importable, its data file readable) before anything starts."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -54,14 +56,30 @@ class Spec(Frozen):
                 f"step(s) (learner.minibatches × learner.epochs); set it to {steps}")
         return self
 
+    @model_validator(mode="after")
+    def _last_step_is_published(self) -> "Spec":
+        # Versions are published, and checkpointed, only every sync.interval steps: the
+        # steps after the last multiple would be trained but never saved.
+        steps, interval = self.learner.steps, self.sync.interval
+        if steps % interval:
+            below, above = steps - steps % interval, steps - steps % interval + interval
+            nearest = f"{below} or {above}" if below else f"{above}"
+            raise ValueError(
+                f"learner.steps: must be a multiple of sync.interval ({interval}), or the last "
+                f"{steps % interval} step(s) would never be published or checkpointed; use {nearest}")
+        return self
+
     @property
     def run_dir(self) -> Path:
         return Path(self.checkpoint.dir or f"runs/{self.name}")
 
     def to_yaml(self) -> str:
-        """The spec as resolved: every default filled in, the run directory absolute."""
+        """The spec as resolved: every default filled in, the run directory and the data file
+        absolute (so `tandem resume` from any directory finds the same ones)."""
         data = self.model_dump(mode="json")
         data["checkpoint"]["dir"] = str(self.run_dir.resolve())
+        if self.data.source != "env":
+            data["data"]["source"] = str(Path(self.data.source).resolve())
         return yaml.safe_dump(data, sort_keys=False)
 
 
@@ -90,32 +108,56 @@ class SpecError(ValueError):
 
 
 def load_spec(path: str | Path, overrides: list[str] = ()) -> Spec:
-    """Reads, overrides (`path.to.field=yaml-value`) and validates a spec file."""
+    """Reads, overrides (`path.to.field=yaml-value`) and validates a spec file, then checks
+    that it can run here (see `runnable_problems`)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise SpecError(str(path), [SpecIssue("", 0, f"cannot read: {e.strerror}")]) from None
-    return parse_spec(text, overrides, source=str(path))
+    return parse_spec(_decode(raw, str(path)), overrides, source=str(path))
+
+
+def _decode(raw: bytes, source: str) -> str:
+    try:
+        return raw.decode("utf-8")  # YAML's encoding; not the locale's, which differs by machine
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise SpecError(source, [SpecIssue("", line, (
+            f"not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} cannot be decoded; "
+            "save the spec as UTF-8"))]) from None
 
 
 def parse_spec(text: str, overrides: list[str] = (), source: str = "<spec>") -> Spec:
+    """Validates a spec's YAML text with its overrides, then checks that it can run here.
+
+    Raises SpecError with every problem found, each with its field path and YAML line.
+    """
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node, data = _load_yaml(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark else 0
-        raise SpecError(source, [SpecIssue("", line, f"not valid YAML: {getattr(e, 'problem', e)}")]) from None
+        raise SpecError(source, [_yaml_issue(e, text)]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SpecError(source, [SpecIssue("", 1, f"a spec is a mapping of sections, not a {type(data).__name__}")])
     overridden = [_apply_override(data, o, source) for o in overrides]
     try:
-        return Spec.model_validate(data)
+        spec = Spec.model_validate(data)
     except ValidationError as e:
-        raise SpecError(source, [_issue(err, node, overridden) for err in e.errors()]) from None
+        # Every error at once: also what the sections that are valid on their own lack.
+        raise SpecError(source, [_issue(err, node, overridden) for err in e.errors()]
+                        + _runnable_issues(_valid_sections(data), node, overridden)) from None
+    issues = _runnable_issues(spec, node, overridden)
+    if issues:
+        raise SpecError(source, issues)
+    return spec
+
+
+def _runnable_issues(spec: Spec | SimpleNamespace, root: yaml.Node | None,
+                     overridden: list[tuple[str, ...]]) -> list[SpecIssue]:
+    return [_located(tuple(path.split(".")), message, root, overridden)
+            for path, message in runnable_problems(spec)]
 
 
 def _apply_override(data: dict, override: str, source: str) -> tuple[str, ...]:
@@ -124,9 +166,10 @@ def _apply_override(data: dict, override: str, source: str) -> tuple[str, ...]:
     if not sep or not all(keys):
         raise SpecError(source, [SpecIssue(key, None, f"--set expects path.to.field=value, got {override!r}")])
     try:
-        value = yaml.safe_load(raw)
+        _, value = _load_yaml(raw)
     except yaml.YAMLError as e:
-        raise SpecError(source, [SpecIssue(key, None, f"value is not valid YAML: {e}")]) from None
+        message = _yaml_issue(e, raw).message
+        raise SpecError(source, [SpecIssue(key, None, f"value: {message}")]) from None
     target = data
     for i, k in enumerate(keys[:-1]):
         target = target.setdefault(k, {})
@@ -144,9 +187,15 @@ def _issue(error: dict[str, Any], root: yaml.Node | None, overridden: list[tuple
     named = re.match(r"Value error, ([\w.]+): (.*)", message, re.S)
     if named:
         loc, message = loc + tuple(named[1].split(".")), named[2]
-    path = ".".join(loc)
     if error["type"] == "extra_forbidden":
         message = "unknown field"
+    return _located(loc, message, root, overridden)
+
+
+def _located(loc: tuple[str, ...], message: str, root: yaml.Node | None,
+             overridden: list[tuple[str, ...]]) -> SpecIssue:
+    """The issue at field `loc`: on its YAML line, or marked --set if an override set it."""
+    path = ".".join(loc)
     if any(loc[: len(o)] == o for o in overridden):
         return SpecIssue(path, None, message)
     return SpecIssue(path, _line_of(root, loc), message)
@@ -170,3 +219,153 @@ def _line_of(node: yaml.Node | None, loc: tuple[str, ...]) -> int:
         else:
             break
     return line
+
+
+# --- YAML reading ----------------------------------------------------------------------
+
+# Aliases may repeat at most this many nodes in all. Far more than any spec shares, far
+# less than a "billion laughs" bomb: ~600 bytes of nested aliases that expand to 10^9
+# nodes when the spec is written out to the run's spec.yaml (or compared, or sent).
+MAX_ALIAS_NODES = 10_000
+
+
+class _Refused(yaml.YAMLError):
+    """YAML that parses but that a spec must not be: an alias bomb or a cycle."""
+
+    def __init__(self, message: str, mark: yaml.Mark):
+        super().__init__(message)
+        self.message, self.mark = message, mark
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that charges every alias the nodes it expands to, within a budget."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._alias_nodes = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> its size with aliases expanded
+
+    def compose_node(self, parent, index):
+        if not self.check_event(yaml.AliasEvent):
+            return super().compose_node(parent, index)
+        mark = self.peek_event().start_mark
+        node = super().compose_node(parent, index)
+        # A mapping or sequence gets its end mark once all its children are composed:
+        # without one, the alias is inside the very node it names.
+        if node.end_mark is None:
+            raise _Refused(f"alias *{self._anchor_of(node)} is inside the node it repeats: "
+                           "the spec would be infinite", mark)
+        self._alias_nodes += _expanded_size(node, self._sizes)
+        if self._alias_nodes > MAX_ALIAS_NODES:
+            raise _Refused(f"with this alias (*{self._anchor_of(node)}), aliases repeat more than "
+                           f"{MAX_ALIAS_NODES} nodes in all: refused as an alias bomb (\"billion "
+                           "laughs\"); write the values out, or share fewer", mark)
+        return node
+
+    def _anchor_of(self, node: yaml.Node) -> str:
+        return next((a for a, n in self.anchors.items() if n is node), "?")
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Nodes under `node`, itself included, every alias counted as a copy (memoised, so
+    linear in the document even when the expansion is astronomic)."""
+    if id(node) not in sizes:
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = []
+        sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes[id(node)]
+
+
+def _load_yaml(text: str) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (for lines) and its data, parsed once."""
+    loader = _SpecLoader(text)
+    try:
+        node = loader.get_single_node()
+        return node, (loader.construct_document(node) if node is not None else None)
+    except RecursionError:  # the composer recurses once per nesting level
+        raise _Refused("nested too deeply for a spec", loader.get_mark()) from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_issue(error: yaml.YAMLError, text: str) -> SpecIssue:
+    """The issue of YAML that cannot be loaded, on the line where the problem is."""
+    if isinstance(error, _Refused):
+        return SpecIssue("", error.mark.line + 1, error.message)
+    if isinstance(error, yaml.reader.ReaderError):  # a character YAML does not allow
+        line = text.count("\n", 0, error.position) + 1
+        return SpecIssue("", line, f"not valid YAML: character #x{error.character:04x} is not allowed")
+    mark = getattr(error, "problem_mark", None)
+    line = mark.line + 1 if mark else 0
+    return SpecIssue("", line, f"not valid YAML: {getattr(error, 'problem', error)}")
+
+
+# --- Can it run here? -------------------------------------------------------------------
+
+
+def runnable_problems(spec: Spec | SimpleNamespace) -> list[tuple[str, str]]:
+    """What a spec still needs in order to run from here, as (field path, message): its
+    environment, filters and cluster class importable, its data file readable.
+
+    Pydantic checks the spec's shape; this checks the world around it (sys.path, files),
+    so the spec itself stays a pure value. The loaders are the ones the run uses. `spec`
+    may also be `_valid_sections(data)`: the sections that are None are not checked.
+    """
+    from tasks.actors.envs import resolve_entrypoint
+    from tasks.buffer.filters import resolve_filter
+
+    problems = []
+    if spec.env is not None:
+        problems += _loadable("env.entrypoint", spec.env.entrypoint, resolve_entrypoint)
+    for i, name in enumerate(spec.buffer.filters if spec.buffer is not None else ()):
+        problems += _loadable(f"buffer.filters.{i}", name, resolve_filter)
+    cluster = spec.actors.cluster if spec.actors is not None else "local"
+    if cluster != "local" and "://" not in cluster:  # a class, as `actor_cluster` reads it
+        from tasks.actors.cluster import cluster_class  # imports distributed: only when needed
+
+        problems += _loadable("actors.cluster", cluster, cluster_class)
+    if spec.data is not None and spec.data.source != "env":
+        from tasks.buffer.prompts import read_jsonl  # the reader the run uses
+
+        problems += _failing("data.source", lambda: read_jsonl(Path(spec.data.source)))
+    return problems
+
+
+def _valid_sections(data: dict) -> SimpleNamespace:
+    """The sections `runnable_problems` reads, each validated alone; None where invalid."""
+    sections = {}
+    for name in ("env", "data", "actors", "buffer"):
+        try:
+            sections[name] = Spec.model_fields[name].annotation.model_validate(data.get(name, {}))
+        except ValidationError:
+            sections[name] = None
+    return SimpleNamespace(**sections)
+
+
+def _loadable(path: str, name: str, load) -> list[tuple[str, str]]:
+    """[(path, message)] if `load(name)` fails or gives something that cannot be called."""
+    try:
+        loaded = load(name)
+    except ValueError as e:
+        return [(path, _unprefixed(e, path))]
+    if not callable(loaded):
+        return [(path, f"{name!r} is a {type(loaded).__name__}, not a class or function")]
+    return []
+
+
+def _failing(path: str, check) -> list[tuple[str, str]]:
+    """[(path, message)] if `check()` raises ValueError, else []."""
+    try:
+        check()
+    except ValueError as e:
+        return [(path, _unprefixed(e, path))]
+    return []
+
+
+def _unprefixed(error: ValueError, path: str) -> str:
+    # Errors raised at run time name their field ("data.source: ..."); the issue names it already.
+    return str(error).removeprefix(f"{path}: ")

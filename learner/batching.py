@@ -13,7 +13,9 @@ from typing import Sequence
 
 import numpy as np
 
-from learner.trajectory import Sample
+from learner.config import LearnerConfig
+from learner.losses import group_advantages
+from learner.trajectory import Group, Sample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,3 +158,12 @@ def make_batch(
             _place(arrays, row, start, segment, samples[i], advantages[i])
             start += lengths[i]
     return Batch(**arrays)
+
+
+def batch_of_groups(groups: Sequence[Group], config: LearnerConfig) -> Batch:
+    """The learner's batch of `groups`: group-relative advantages (`learner.losses`), then
+    every sample packed into `config.batch_rows` rows of the smallest bucket that holds them."""
+    rewards = np.stack([g.rewards for g in groups])
+    advantages = np.asarray(group_advantages(rewards, normalize_std=config.loss.normalize_std))
+    samples = [s for g in groups for s in g.samples]
+    return make_batch(samples, advantages.reshape(-1).tolist(), config.buckets, config.batch_rows(len(samples)))

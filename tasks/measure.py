@@ -8,7 +8,7 @@ For one spec it times
   the latency off (the first `warmup` groups, which compile the sampler, are not counted),
   and the share of groups the buffer would keep (not aborted, passing the entry filters);
 - the learner's step on a batch of those groups (`TrainStep`, the compile timed apart),
-  building that batch (`make_batch`) and copying the weights to the host to publish them.
+  building that batch (`batch_of_groups`) and copying the weights to the host to publish them.
 `flows.audit` turns these into a prediction and a recommendation.
 """
 
@@ -24,11 +24,8 @@ import time
 import jax
 import numpy as np
 
-from learner.batching import make_batch
-from learner.chat import make_tokenizer
-from learner.losses import group_advantages
+from learner.batching import batch_of_groups
 from learner.model import init_params
-from learner.sampling import Sampler
 from learner.sharding import make_mesh
 from learner.train import TrainStep, init_train_state, params_numpy
 from learner.trajectory import OBSERVATION, Group, Sample
@@ -49,7 +46,7 @@ class Measurements:
     kept: float  # fraction of groups the buffer keeps (not aborted, passing the filters)
     train_step_s: tuple[float, ...]  # per learner step after the compile
     compile_s: float  # the first learner step: compile and run
-    batch_s: float  # make_batch per step (host, before the step)
+    batch_s: float  # batch_of_groups per step (host, before the step)
     publish_s: float  # weights to host NumPy, once per version
 
     @property
@@ -101,9 +98,7 @@ def measure_groups(spec, n: int, warmup: int, seed: int) -> list[tuple[Group, fl
     """`n` groups played as an actor plays them (latency off, compiles excluded): (group, seconds, turns)."""
     env_class = resolve_entrypoint(spec.env.entrypoint)
     no_latency = spec.env.model_copy(update={"latency_s": 0.0})
-    tokenizer = make_tokenizer(spec.model)
-    runner = GroupRunner([env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)],
-                         Sampler(spec.model, stop_ids=tokenizer.stop_ids), tokenizer, no_latency, spec.actors)
+    runner = GroupRunner.build(env_class, no_latency, spec.actors, spec.model)
     source = PromptSource(spec.data, env_class, spec.env.kwargs, seed)
     params = jax.device_put(jax.device_get(init_params(spec.model, seed)))
     key, out = jax.random.PRNGKey(seed), []
@@ -125,12 +120,9 @@ def measure_groups(spec, n: int, warmup: int, seed: int) -> list[tuple[Group, fl
 
 def measure_learner(spec, groups: list[Group], steps: int, seed: int) -> dict:
     """Times the train step on a batch of `batch_groups` groups (cycled from `groups`)."""
-    samples = _batch_samples(spec, groups)
-    rewards = np.array([s.reward for s in samples], np.float32).reshape(spec.learner.batch_groups, -1)
-    advantages = group_advantages(rewards, normalize_std=spec.learner.loss.normalize_std).reshape(-1)
+    groups = _batch_groups(spec, groups)
     start = time.perf_counter()
-    rows = spec.learner.batch_rows(len(samples))
-    batch = make_batch(samples, advantages.tolist(), spec.learner.buckets, rows)
+    batch = batch_of_groups(groups, spec.learner)
     batch_s = time.perf_counter() - start
     mesh = make_mesh(spec.learner.mesh)
     state = init_train_state(spec.model, spec.learner, seed=seed, mesh=mesh)
@@ -149,18 +141,17 @@ def measure_learner(spec, groups: list[Group], steps: int, seed: int) -> dict:
     return {"train_step_s": tuple(times), "compile_s": compile_s, "batch_s": batch_s, "publish_s": publish_s}
 
 
-def _batch_samples(spec, groups: list[Group]) -> list[Sample]:
-    """One batch's samples: the played groups cycled; full-length random episodes if none
-    finished (an upper bound: the longest bucket's shape)."""
-    size, n = spec.actors.group_size, spec.learner.batch_groups
+def _batch_groups(spec, groups: list[Group]) -> list[Group]:
+    """One batch's groups: the played groups cycled; groups of full-length random episodes
+    if none finished (an upper bound: the longest bucket's shape)."""
+    n, size, length = spec.learner.batch_groups, spec.actors.group_size, spec.model.max_len
     if groups:
-        return [s for i in range(n) for s in groups[i % len(groups)].samples]
+        return [groups[i % len(groups)] for i in range(n)]
     rng = np.random.default_rng(0)
-    length = spec.model.max_len
-    tokens = rng.integers(3, spec.model.vocab_size, (n * size, length)).astype(np.int32)
-    versions = np.zeros(length, np.int32)
-    return [Sample(t, np.full(length, -1.0, np.float32), versions, float(i % 2))
-            for i, t in enumerate(tokens)]
+    tokens = rng.integers(3, spec.model.vocab_size, (n, size, length)).astype(np.int32)
+    logprobs, versions = np.full(length, -1.0, np.float32), np.zeros(length, np.int32)
+    return [Group(i, "", tuple(Sample(t, logprobs, versions, float(j % 2)) for j, t in enumerate(rows)), 0.0, 0.0)
+            for i, rows in enumerate(tokens)]
 
 
 def _turns(group: Group, max_turns: int) -> int:

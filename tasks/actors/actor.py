@@ -11,8 +11,6 @@ import jax
 from distributed import Event, Queue, get_client
 
 from learner.config import ModelConfig
-from learner.sampling import Sampler
-from learner.chat import make_tokenizer
 from tasks.buffer.channels import Channels
 from tasks.buffer.writer import BufferWriter, EntryChecks
 from tasks.config import ActorsConfig, BufferConfig, EnvConfig
@@ -49,17 +47,12 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
     channels = setup.channels
     prompts = Queue(channels.prompts(actor_id), client=client)
     stop = Event(channels.stop, client=client)
-    weights = WeightSubscriber(channels.weights, client, load=jax.device_put)
+    weights = WeightSubscriber(channels, client, load=jax.device_put)
     checks = EntryChecks({name: resolve_filter(name) for name in setup.buffer.filters},
                          vocab_size=setup.model.vocab_size, max_len=setup.model.max_len)
     writer = BufferWriter(actor_id, channels, client, checks, setup.buffer.inline_bytes)
     writer.hello()
-    env_class = resolve_entrypoint(setup.env.entrypoint)
-    tokenizer = make_tokenizer(setup.model)
-    runner = GroupRunner(
-        envs=[env_class(**setup.env.kwargs) for _ in range(setup.actors.group_size)],
-        sampler=Sampler(setup.model, stop_ids=tokenizer.stop_ids), tokenizer=tokenizer,
-        env_config=setup.env, actors_config=setup.actors)
+    runner = GroupRunner.build(resolve_entrypoint(setup.env.entrypoint), setup.env, setup.actors, setup.model)
     base_key = jax.random.PRNGKey(setup.seed)
     stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "params_get_s": 0.0, "queue_put_s": 0.0}
     while (message := prompts.get()) is not None:  # a message: the prompts of one dispatch

@@ -4,13 +4,13 @@ or a cluster class (Slurm, Kubernetes, ...) that Tandem starts and scales."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 from typing import Iterator
 
 from distributed import LocalCluster
 
 from tasks.config import ActorsConfig
+from tasks.entrypoints import load
 
 # Actors share the machine with the learner: one XLA thread each keeps them from
 # oversubscribing the cores the learner's step needs.
@@ -39,15 +39,15 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
         cluster = LocalCluster(n_workers=config.workers, threads_per_worker=threads, processes=True,
                                dashboard_address=None, env=env)
     else:
-        cluster = _cluster_class(config.cluster)(**config.cluster_kwargs)
+        cluster = cluster_class(config.cluster)(**config.cluster_kwargs)
         cluster.scale(config.workers)
     with cluster:
         yield cluster.scheduler_address
 
 
-def _cluster_class(name: str) -> type:
-    module, _, attr = name.partition(":")
+def cluster_class(name: str) -> type:
+    """The cluster class "module:Class" (e.g. "dask_jobqueue:SLURMCluster") names."""
     try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"actors.cluster: cannot load cluster class {name!r}: {e}") from None
+        return load(name, {}, "cluster class")
+    except ValueError as e:  # raised where the field is not in sight: name it
+        raise ValueError(f"actors.cluster: {e}") from None

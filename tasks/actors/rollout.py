@@ -17,8 +17,9 @@ import time
 import jax
 import numpy as np
 
+from learner.chat import ChatTokenizer, make_tokenizer
+from learner.config import ModelConfig
 from learner.sampling import Refresh, Sampler
-from learner.chat import ChatTokenizer
 from learner.trajectory import OBSERVATION, Group, Sample
 from tasks.config import ActorsConfig, EnvConfig
 
@@ -83,6 +84,15 @@ class GroupRunner:
     env_config: EnvConfig
     actors_config: ActorsConfig
     _rng: random.Random = dataclasses.field(default_factory=random.Random, repr=False)  # latencies
+
+    @classmethod
+    def build(cls, env_class: type, env: EnvConfig, actors: ActorsConfig, model: ModelConfig) -> "GroupRunner":
+        """A runner of `actors.group_size` instances of `env_class(**env.kwargs)`, with the
+        model's sampler and tokenizer."""
+        tokenizer = make_tokenizer(model)
+        return cls(envs=[env_class(**env.kwargs) for _ in range(actors.group_size)],
+                   sampler=Sampler(model, stop_ids=tokenizer.stop_ids), tokenizer=tokenizer,
+                   env_config=env, actors_config=actors)
 
     async def run(self, prompt_id: int, prompt: str, attempt: int, params, version: int,
                   key: jax.Array, refresh: Refresh | None = None) -> Group:

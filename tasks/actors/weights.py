@@ -1,4 +1,4 @@
-"""The actors' end of weight publishing: the latest published (version, params)."""
+"""The actors' end of weight publishing (`tasks.runtime.weights`): the latest published (version, params)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import threading
 from typing import Any, Callable
 
 from distributed import Client, Variable
+
+from tasks.buffer.channels import Channels
 
 
 class WeightSubscriber:
@@ -18,10 +20,10 @@ class WeightSubscriber:
     _shared: dict[str, tuple[str, int, Any]] = {}  # channel -> (future key, version, loaded)
     _lock = threading.Lock()
 
-    def __init__(self, name: str, client: Client, load: Callable[[Any], Any] = lambda params: params):
-        self._name, self._load = name, load
-        self._variable = Variable(name, client=client)
-        self._version = Variable(f"{name}-version", client=client)
+    def __init__(self, channels: Channels, client: Client, load: Callable[[Any], Any] = lambda params: params):
+        self._name, self._load = channels.weights, load
+        self._variable = Variable(channels.weights, client=client)
+        self._version = Variable(channels.weights_version, client=client)
 
     def latest(self, timeout: float | None = None) -> tuple[int, Any]:
         """(version, params) last published; fetched only when the version changed."""

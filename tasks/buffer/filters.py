@@ -5,12 +5,12 @@ A filter is `f(group) -> bool` (True keeps the group), a built-in name or "modul
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
 import numpy as np
 
 from learner.trajectory import Group
+from tasks.entrypoints import load
 
 Filter = Callable[[Group], bool]
 
@@ -25,12 +25,5 @@ BUILTIN: dict[str, Filter] = {"zero_variance": zero_variance}
 
 
 def resolve_filter(name: str) -> Filter:
-    if name in BUILTIN:
-        return BUILTIN[name]
-    module_name, sep, attr = name.partition(":")
-    if not sep:
-        raise ValueError(f"unknown filter {name!r}: use a built-in ({', '.join(BUILTIN)}) or \"module:function\"")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load filter {name!r}: {e}") from None
+    """The filter a spec names: a built-in name or "module:function"."""
+    return load(name, BUILTIN, "filter")

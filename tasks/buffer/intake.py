@@ -2,7 +2,7 @@
 actors' reports mean, and which groups the learner may take.
 
 Pure Python and deterministic, so the rules can be driven through random interleavings
-in tests; `tasks.buffer.BufferReader` moves the messages over Dask.
+in tests; `tasks.buffer.exchange` moves the messages over Dask.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from learner.trajectory import Group
 from tasks.buffer.ledger import Ledger
 from tasks.config import BufferConfig
 from tasks.buffer.prompts import Prompt, PromptSource
-
 
 
 def _locked(method):
@@ -39,6 +38,16 @@ class Pace:
     outstanding: int  # most attempts in flight or buffered at once (bounded asynchrony)
     updates_per_batch: int = 1  # learner steps per batch (minibatches × epochs)
     synchronous: bool = False  # learner.mode sync: generate only what the waiting learner needs
+
+    @property
+    def groups_per_version(self) -> float:
+        """Groups the learner consumes per version: `batch_groups` every `updates_per_batch`
+        steps, and a version every `sync_interval` steps."""
+        return groups_per_version(self.batch_groups, self.sync_interval, self.updates_per_batch)
+
+
+def groups_per_version(batch_groups: int, sync_interval: int, updates_per_batch: int) -> float:
+    return batch_groups * sync_interval / updates_per_batch
 
 
 def outstanding_bound(capacity: int, actors: int, batch_groups: int) -> int:
@@ -76,6 +85,23 @@ class IntakeRules:
         return {**self.ledger.snapshot(), "prompts": self.source.cursor,
                 "waiting": len(self.source.waiting)}
 
+    @_locked
+    def snapshot(self) -> dict:
+        """What a checkpoint records of the intake, all read at one moment (under the lock
+        every dispatch, report and take holds, so none falls between the parts): the data
+        source's cursor and retries, the closed attempts' counts, and the prompts of the
+        open attempts, which a resumed run generates again."""
+        return {"data": self.source.state(), "accounting": self.ledger.state(),
+                "redo": [p.to_wire() for p in self.ledger.open_prompts()]}
+
+    @_locked
+    def restore(self, snapshot: dict) -> None:
+        """Restores a `snapshot`: its open attempts' prompts are drawn again first."""
+        self.source.restore(snapshot["data"])
+        self.ledger.restore(snapshot["accounting"])
+        for prompt in snapshot["redo"]:
+            self.source.again(Prompt.from_wire(prompt))
+
     def admissible(self, version: int) -> int:
         """How many new attempts may start now.
 
@@ -92,7 +118,7 @@ class IntakeRules:
         if self.pace.synchronous:
             room = min(room, self.wanted - open_)
         if self.config.admission:
-            per_version = self.pace.batch_groups * self.pace.sync_interval / self.pace.updates_per_batch
+            per_version = self.pace.groups_per_version
             oldest = self.ledger.oldest_open_version()
             oldest = version if oldest is None else oldest
             budget = (oldest + self.config.max_staleness + 1) * per_version

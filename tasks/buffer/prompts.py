@@ -41,7 +41,7 @@ class PromptSource:
             env = env_class(**env_kwargs)
             self._text = lambda i: env.task(random.Random(f"{seed}:{i}"))
         else:
-            lines = _read_jsonl(Path(config.source))
+            lines = read_jsonl(Path(config.source))
             self._text = lambda i: lines[i % len(lines)]
 
     def next(self) -> Prompt:
@@ -67,17 +67,22 @@ class PromptSource:
         self._again = collections.deque(Prompt.from_wire(w) for w in state["again"])
 
 
-def _read_jsonl(path: Path) -> list[str]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ValueError(f"data.source: cannot read {path}: {e.strerror}") from None
+def read_jsonl(path: Path) -> list[str]:
+    """The prompts of a JSONL file, one {"prompt": "..."} per line (blank lines skipped).
+
+    Raises ValueError naming data.source, the file and, for a bad line, its number.
+    """
     prompts = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
+    for n, line in enumerate(_read_bytes(path).split(b"\n"), 1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"data.source: {path} line {n}: not UTF-8 (byte 0x{line[e.start]:02x} at "
+                             f"offset {e.start} of the line); JSON Lines files are UTF-8") from None
+        if not text.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"data.source: {path} line {n}: not JSON ({e.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
@@ -86,3 +91,15 @@ def _read_jsonl(path: Path) -> list[str]:
     if not prompts:
         raise ValueError(f"data.source: {path} holds no prompts")
     return prompts
+
+
+def _read_bytes(path: Path) -> bytes:
+    # Only a regular file: reading a device or a pipe (/dev/zero) may never end.
+    if path.exists() and not path.is_file():
+        raise ValueError(f"data.source: {path} is not a file")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"data.source: cannot read {path}: {e.strerror}") from None
+    except ValueError as e:  # a name the OS cannot take (a NUL byte in it)
+        raise ValueError(f"data.source: cannot read {str(path)!r}: {e}") from None

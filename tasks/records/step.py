@@ -1,93 +1,112 @@
-"""Per-step metrics records and the progress lines the terminal (and Prefect UI) shows."""
+"""One learner step's record (a line of `metrics.jsonl`), and the meter that builds it.
+
+cleanba-style: every hop of the loop is timed (taking a batch, the train step, handing
+weights over), and the versions are logged beside the buffer's staleness.
+"""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from learner.trajectory import Group
-from tasks.buffer.ledger import Ledger
-from tasks.buffer.reader import BufferReader
+from tasks.buffer.stats import IntakeCounts
+
+if TYPE_CHECKING:
+    from tasks.runtime.learner import Update
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """A learner step, as README's "The run directory" lists its fields.
+
+    `reward_mean` and `success_rate` are the acting policy's: over every group finished since
+    the previous record, trained on or filtered (None while the environment reports no
+    success); `trained_reward_mean` is the batch's. `train` holds the loss metrics.
+    """
+
+    step: int
+    version: int
+    time: float
+    reward_mean: float
+    trained_reward_mean: float
+    success_rate: float | None
+    learner_busy: float  # fraction of wall time in train steps since the previous record
+    train_s: float
+    take_s: float  # taking the batch from the buffer, waiting included
+    publish_s: float  # handing weights over to be published
+    publish_lag_s: float  # until the last version sent reached the actors
+    buffer_depth: int
+    excluded: dict[str, int]  # so far, by reason
+    retried: int
+    compiles: int
+    padding: float
+    wait_s: float  # learner waiting on an empty buffer
+    wait_count: int
+    blocked_s: float  # actors blocked on a full buffer
+    staleness_mean: float
+    staleness_max: int
+    staleness_hist: dict[str, int]
+    staleness_in_flight_mean: float
+    staleness_in_queue_mean: float
+    prompt_ids: list[int]  # consumed at this step
+    train: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "train"}
+        if self.success_rate is None:
+            del fields["success_rate"]
+        return {**fields, **self.train}
 
 
 class StepMeter:
-    """Builds one `metrics.jsonl` record per step and logs a line every `every_s` seconds.
+    """Builds each step's record from the loop's measurements and the session's parts.
 
-    `reward_mean` and `success_rate` are the acting policy's: over every group finished
-    since the previous record, trained on or filtered; `trained_reward_mean` is the batch's.
+    Args (read-only views, never reset by the meter):
+      reader: the buffer's learner end (`depth`).
+      ledger: the attempts' accounting (`excluded`, `retried`).
+      weights: the weight source (`current` version, `lag_s`).
+      learner: the learner (`compiles`).
     """
 
-    def __init__(self, log, every_s: float = 2.0):
-        self.log, self.every_s = log, every_s
-        self._last_record = time.perf_counter()
-        self._last_log = 0.0
-        self._acting: dict = {}  # the latest rollout performance, kept while no group finishes
+    def __init__(self, reader, ledger, weights, learner):
+        self._reader, self._ledger, self._weights, self._learner = reader, ledger, weights, learner
+        self._last = time.perf_counter()
+        self._acting: tuple[float, float | None] | None = None  # latest (reward, success) of finished groups
         self._take_s = self._publish_s = 0.0  # since the last record
-        self._publish_lag_s = 0.0
 
     def took(self, seconds: float) -> None:
-        """Time the learner spent taking a batch from the buffer (waiting included)."""
         self._take_s += seconds
 
-    def published(self, seconds: float, lag_s: float) -> None:
-        """Time the learner spent publishing weights to the actors, and how long the last
-        version sent took to reach them (sent in the background, in async mode)."""
+    def published(self, seconds: float) -> None:
         self._publish_s += seconds
-        self._publish_lag_s = lag_s
 
-    def record(self, step: int, version: int, groups: list[Group], train: dict, train_s: float,
-               reader: BufferReader, compiles: int, ledger: Ledger) -> dict:
+    def record(self, update: "Update", groups: Sequence[Group], intake: IntakeCounts) -> StepRecord:
         now = time.perf_counter()
-        elapsed, self._last_record = now - self._last_record, now
-        rewards = np.concatenate([g.rewards for g in groups])
-        intake = reader.pop_stats()
+        elapsed, self._last = now - self._last, now
+        trained = float(np.concatenate([g.rewards for g in groups]).mean())
         if intake.episodes:
-            self._acting = {"reward_mean": intake.reward_sum / intake.episodes}
-            if intake.judged:
-                self._acting["success_rate"] = intake.successes / intake.judged
-        record = {
-            "step": step,
-            "version": version,
-            "time": time.time(),
-            "reward_mean": self._acting.get("reward_mean", float(rewards.mean())),
-            "trained_reward_mean": float(rewards.mean()),
-            "learner_busy": min(1.0, train_s / elapsed) if elapsed > 0 else 1.0,
-            "train_s": train_s,
-            "take_s": self._take_s,
-            "publish_s": self._publish_s,
-            "publish_lag_s": self._publish_lag_s,
-            "buffer_depth": reader.depth,
-            "excluded": dict(ledger.excluded),
-            "compiles": compiles,
-            "padding": train["padding"],
-            "wait_s": intake.wait_s,
-            "wait_count": intake.wait_count,
-            "blocked_s": intake.blocked_s,
-            "staleness_mean": _mean(intake.staleness),
-            "staleness_max": max(intake.staleness, default=0),
-            "staleness_hist": _histogram(intake.staleness),
-            "staleness_in_flight_mean": _mean(intake.in_flight),
-            "staleness_in_queue_mean": _mean(intake.in_queue),
-            "retried": ledger.retried,
-            "prompt_ids": [g.prompt_id for g in groups],
-            **{k: v for k, v in train.items() if k != "padding"},
-        }
-        if "success_rate" in self._acting:
-            record["success_rate"] = self._acting["success_rate"]
-        self._take_s = self._publish_s = 0.0
-        if now - self._last_log >= self.every_s:
-            self._last_log = now
-            self.log.info(_line(record))
-        return record
-
-
-def _line(r: dict) -> str:
-    success = f" success {r['success_rate']:.0%}" if "success_rate" in r else ""
-    return (f"step {r['step']} version {r['version']} | reward {r['reward_mean']:.3f}{success} | "
-            f"buffer {r['buffer_depth']} | learner busy {r['learner_busy']:.0%} | "
-            f"loss {r.get('loss', float('nan')):.4f}")
+            success = intake.successes / intake.judged if intake.judged else None
+            self._acting = (intake.reward_sum / intake.episodes, success)
+        reward, success = self._acting or (trained, None)
+        take_s, publish_s, self._take_s, self._publish_s = self._take_s, self._publish_s, 0.0, 0.0
+        return StepRecord(
+            step=update.step, version=self._weights.current, time=time.time(), reward_mean=reward,
+            trained_reward_mean=trained, success_rate=success,
+            learner_busy=min(1.0, update.train_s / elapsed) if elapsed > 0 else 1.0,
+            train_s=update.train_s, take_s=take_s, publish_s=publish_s, publish_lag_s=self._weights.lag_s,
+            buffer_depth=self._reader.depth, excluded=dict(self._ledger.excluded), retried=self._ledger.retried,
+            compiles=self._learner.compiles, padding=update.metrics["padding"],
+            wait_s=intake.wait_s, wait_count=intake.wait_count, blocked_s=intake.blocked_s,
+            staleness_mean=_mean(intake.staleness), staleness_max=max(intake.staleness, default=0),
+            staleness_hist=_histogram(intake.staleness),
+            staleness_in_flight_mean=_mean(intake.in_flight), staleness_in_queue_mean=_mean(intake.in_queue),
+            prompt_ids=[g.prompt_id for g in groups],
+            train={k: v for k, v in update.metrics.items() if k != "padding"})
 
 
 def _mean(values: list[int]) -> float:

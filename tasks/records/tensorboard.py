@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 from tensorboardX import SummaryWriter
 
+from tasks.records.step import StepRecord
+
 # Record fields that are not per-step measurements.
 _NOT_SCALARS = {"step", "version", "time"}
 
@@ -23,7 +25,11 @@ class TensorBoardLog:
         self.writer = SummaryWriter(str(log_dir), flush_secs=flush_secs,
                                     purge_step=resume_step + 1 if resume_step else None)
 
+    def write(self, record: StepRecord) -> None:
+        self.add(record.to_json())
+
     def add(self, record: dict) -> None:
+        """Writes one record as `metrics.jsonl` holds it."""
         step, walltime = record["step"], record["time"]
         scalars = {k: v for k, v in record.items()
                    if k not in _NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -12,16 +12,15 @@ import fcntl
 import multiprocessing
 import os
 import queue
-import time
 import uuid
 
-from distributed import Client, Queue
+from distributed import Client
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.buffer.channels import Channels, release_actors
+from tasks.buffer.channels import Channels, stop_actors
 from tasks.records.artifacts import ProgressRecord, record_version
-from tasks.runtime.session import RunSpec, Session
+from tasks.runtime.build import RunSpec, build_session
 
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
 LOCK_FILE = "learner.lock"  # held (flock) by that process
@@ -45,7 +44,7 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
     if result is None:
         log.error(f"learner process exited with code {process.exitcode}; stopping its actors")
         with Client(scheduler_address) as client:
-            _stop_orphaned_actors(client, channels, spec.actors.n_actors)
+            stop_actors(client, channels, spec.actors.n_actors)
         raise RuntimeError(f"learner process died (exit code {process.exitcode})")
     return result
 
@@ -74,14 +73,6 @@ def _relay(events, process, log, spec: RunSpec) -> dict | None:
             return payload
         elif kind == "error":
             raise RuntimeError(f"learner failed: {payload}")
-
-
-def _stop_orphaned_actors(client: Client, channels: Channels, n_actors: int, drain_s: float = 5.0) -> None:
-    release_actors(client, channels, n_actors)
-    buffer, deadline = Queue(channels.buffer, client=client), time.monotonic() + drain_s
-    while time.monotonic() < deadline:  # a producer blocked on the full buffer gets to its stop check
-        buffer.get(batch=True)
-        time.sleep(0.1)
 
 
 class _Events:
@@ -119,8 +110,7 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, eve
     try:
         with Client(scheduler_address) as client:
             relay = _Events(events)
-            session = Session(spec, client, channels, log=relay, reporter=relay)
-            events.put(("done", session.run()))
+            events.put(("done", build_session(spec, client, channels, log=relay, reporter=relay).run()))
     except BaseException as e:
         events.put(("error", f"{type(e).__name__}: {e}"))
         raise

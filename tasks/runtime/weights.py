@@ -1,91 +1,111 @@
-"""Weight publishing: the learner publishes (version, params); actors pull the latest.
+"""The weight source: the one owner of the version, and of publishing the learner's weights.
 
-Params cross Dask as a NumPy pytree (JAX arrays lose their sharding when pickled),
-scattered once per version and named by a `distributed.Variable`. Actors fetch a
-version at most once per worker process (the Variable's future key tells them whether it
-changed); replicas are not broadcast up front, since the Active Memory Manager would
-drop them.
+One sync every `sync.interval` steps publishes the current weights and increments the
+version (README, "Versions, staleness, the buffer"). Publishing runs in a thread of its own,
+so the learner hands host params over and goes on training while they travel; only the
+newest version waiting is sent (actors want the latest; a version superseded before it
+left would never be used). Two versions are read elsewhere, and only here are they set:
+`current`, the learner's latest (the staleness clock of the buffer's exit check), and
+`visible`, the latest the actors can use (admission control counts from it).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Protocol
 
 from distributed import Client, Variable
 
+from tasks.background import Background
+from tasks.buffer.channels import Channels
 
-class WeightPublisher:
-    """Publishes from a thread of its own, so the learner does not wait on Dask.
 
-    The learner hands over host params and goes on training while the scatter and the two
-    Variable updates (scheduler round trips, slow when the scheduler is busy) run here.
-    Only the newest version waiting is sent: actors want the latest, and a version
-    superseded before it left would never be used.
-    """
+class Transport(Protocol):
+    """Makes (version, params) the latest the actors see; returns once they can."""
 
-    def __init__(self, name: str, client: Client, on_sent: Callable[[int], None] = lambda version: None):
-        self._client, self._on_sent = client, on_sent  # on_sent(version): called once it is visible
-        self._variable = Variable(name, client=client)
-        self._version = Variable(f"{name}-version", client=client)
+    def send(self, version: int, params: Any) -> None: ...
+
+
+class DaskTransport:
+    """Params scattered once per version and named by a `distributed.Variable`; the version
+    in a second Variable, set after the params, so a reader never sees a version early.
+    Actors fetch a version at most once per worker process (`tasks.actors.weights`)."""
+
+    def __init__(self, channels: Channels, client: Client):
+        self._client = client
+        self._params = Variable(channels.weights, client=client)
+        self._version = Variable(channels.weights_version, client=client)
         self._future = None
+
+    def send(self, version: int, params: Any) -> None:
+        # In a list: scatter would make a future per entry of a bare dict.
+        [future] = self._client.scatter([{"version": version, "params": params}], hash=False)
+        self._params.set(future)
+        self._version.set(version)
+        self._future = future  # the previous version is released once replaced
+
+
+class WeightSource(Background):
+    """Publishes every `interval` steps; counts versions; says which the actors can use."""
+
+    def __init__(self, transport: Transport, interval: int, version: int = 0):
+        super().__init__("tandem-weight-publisher")
+        self.interval = interval
+        self._transport = transport
+        self._current = self._visible = version
         self._pending: tuple[int, Any, float] | None = None
         self._sending = False
-        self._closed = False
-        self._error: BaseException | None = None
+        self._cond = threading.Condition()
         self.lag_s = 0.0  # handover to visible, of the last version sent
         self.skipped = 0  # versions superseded before they were sent
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._send_loop, name="weight-publisher", daemon=True)
-        self._thread.start()
 
-    def publish(self, version: int, params: Any) -> None:
-        """Hands `params` of `version` over; returns at once (raises a failed earlier send)."""
+    @property
+    def current(self) -> int:
+        return self._current
+
+    @property
+    def visible(self) -> int:
+        return self._visible
+
+    def due(self, step: int) -> bool:
+        """Whether `step` ends a version."""
+        return step % self.interval == 0
+
+    def publish(self, params: Any, *, new_version: bool = True) -> int:
+        """Hands `params` over as the next version (or, at a session's start, as the current
+        one again) and returns its number; raises if an earlier send failed."""
+        self.raise_if_failed()
         with self._cond:
-            self._raise_failed()
+            self._current += new_version
             self.skipped += self._pending is not None
-            self._pending = (version, params, time.perf_counter())
+            self._pending = (self._current, params, time.perf_counter())
             self._cond.notify_all()
+        return self._current
 
     def wait(self) -> None:
         """Until the last version handed over is visible to the actors."""
         with self._cond:
-            self._cond.wait_for(lambda: self._error or not (self._pending or self._sending))
-            self._raise_failed()
+            self._cond.wait_for(lambda: self.failed or not (self._pending or self._sending))
+        self.raise_if_failed()
 
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join()
-
-    def _raise_failed(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"publishing weights failed: {self._error!r}") from self._error
-
-    def _send_loop(self) -> None:
+    def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._closed)
+                self._cond.wait_for(lambda: self._pending or self._stopping.is_set())
                 if self._pending is None:
                     return
                 (version, params, handed), self._pending, self._sending = self._pending, None, True
-            try:
-                self._send(version, params)
-            except BaseException as error:  # surfaced to the learner at its next call
-                with self._cond:
-                    self._error, self._sending = error, False
-                    self._cond.notify_all()
-                return
+            self._transport.send(version, params)  # a failure ends the thread: `_failed` wakes waiters
             with self._cond:
-                self.lag_s, self._sending = time.perf_counter() - handed, False
+                self._visible, self.lag_s = version, time.perf_counter() - handed
+                self._sending = False
                 self._cond.notify_all()
 
-    def _send(self, version: int, params: Any) -> None:
-        # In a list: scatter would make a future per entry of a bare dict.
-        [future] = self._client.scatter([{"version": version, "params": params}], hash=False)
-        self._variable.set(future)
-        self._version.set(version)  # after the params: a reader never sees a version early
-        self._future = future  # the previous version is released once replaced
-        self._on_sent(version)
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _failed(self, error: BaseException) -> None:
+        with self._cond:
+            self._cond.notify_all()

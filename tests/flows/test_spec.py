@@ -1,3 +1,5 @@
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +151,159 @@ def test_mutated_specs_validate_or_fail_clearly(mutations):
         assert e.issues and all(str(i) for i in e.issues)
         for issue in e.issues:
             assert issue.line is not None and issue.line >= 1
+
+
+# --- Runnable here: modules import, the data file reads -------------------------------
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """An importable module `spec_user_mod` with an environment class and a filter."""
+    (tmp_path / "spec_user_mod.py").write_text("class Env:\n    pass\ndef keep(group):\n    return True\nx = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "spec_user_mod"
+    sys.modules.pop("spec_user_mod", None)
+
+
+def _issues(text, overrides=()):
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, list(overrides))
+    return [str(i) for i in e.value.issues]
+
+
+def test_importable_entrypoint_filter_and_cluster_class_validate(user_module):
+    spec = parse_spec(f"env: {{entrypoint: '{user_module}:Env'}}\n"
+                      f"buffer: {{filters: [zero_variance, '{user_module}:keep']}}\n"
+                      "actors: {cluster: 'distributed:LocalCluster'}\n")
+    assert spec.buffer.filters == ("zero_variance", f"{user_module}:keep")
+
+
+def test_entrypoint_that_does_not_import_is_reported_with_its_line():
+    issues = _issues("name: x\nenv:\n  entrypoint: no_such_pkg_q3.envs:Env\n")
+    assert len(issues) == 1
+    assert issues[0].startswith("env.entrypoint (line 3): cannot import environment 'no_such_pkg_q3.envs:Env': "
+                                "no module named 'no_such_pkg_q3'; check that it is installed or on PYTHONPATH")
+
+
+def test_entrypoint_without_the_attribute_or_not_callable(user_module):
+    assert _issues(f"env: {{entrypoint: '{user_module}:Nope'}}\n") == [
+        (f"env.entrypoint (line 1): cannot load environment '{user_module}:Nope': "
+         f"module '{user_module}' has no attribute 'Nope'")]
+    assert _issues(f"env: {{entrypoint: '{user_module}:x'}}\n") == [
+        f"env.entrypoint (line 1): '{user_module}:x' is a int, not a class or function"]
+
+
+def test_filters_that_cannot_be_loaded_name_their_index():
+    issues = _issues("buffer:\n  filters:\n    - zero_variance\n    - no_such_pkg_q3:keep\n    - bogus\n")
+    assert issues[0].startswith("buffer.filters.1 (line 4): cannot import filter 'no_such_pkg_q3:keep'")
+    assert issues[1] == ('buffer.filters.2 (line 5): unknown filter \'bogus\': use a built-in (zero_variance) '
+                         'or "package.module:attribute"')
+
+
+def test_cluster_class_that_cannot_be_loaded():
+    # dask_jobqueue is not a dependency: naming its clusters without it installed is this error.
+    name = "dask_jobqueue:SLURMCluster" if importlib.util.find_spec("dask_jobqueue") is None else "no_such_pkg_q3:C"
+    issues = _issues(f"name: x\nactors:\n  cluster: '{name}'\n")
+    assert len(issues) == 1 and issues[0].startswith(f"actors.cluster (line 3): cannot import cluster class '{name}'")
+    assert _issues("name: x\n", [f"actors.cluster={name}"])[0].startswith("actors.cluster (--set): cannot import")
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, r"cannot read .*p\.jsonl: No such file or directory"),
+    (b"\n\n", r".*p\.jsonl holds no prompts"),
+    (b'{"prompt": "a"}\n{"prompt": 1}\n', r'.*p\.jsonl line 2: expected \{"prompt": "..."\}'),
+    (b'{"prompt": "a"}\n\n{"prompt": "\xff"}\n', r".*p\.jsonl line 3: not UTF-8"),
+])
+def test_data_source_that_cannot_be_read(tmp_path, content, message):
+    path = tmp_path / "p.jsonl"
+    if content is not None:
+        path.write_bytes(content)
+    issues = _issues(f"name: x\ndata:\n  source: {path}\n")
+    assert len(issues) == 1 and re.match(rf"data\.source \(line 3\): {message}", issues[0]), issues
+
+
+def test_runnable_problems_come_with_the_other_errors():
+    issues = _issues("env: {entrypoint: no_such_pkg_q3:Env}\nbuffer: {capacity: 0}\n")
+    assert [i.split(":")[0] for i in issues] == ["buffer.capacity (line 2)", "env.entrypoint (line 1)"]
+
+
+def test_data_source_is_stored_absolute(tmp_path, monkeypatch):
+    """A run's spec.yaml reads the same data file from any directory (`tandem resume`)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "p.jsonl").write_text('{"prompt": "secret=a"}\n')
+    spec = parse_spec("name: x\ndata: {source: data/p.jsonl}\n")
+    assert spec.data.source == "data/p.jsonl"  # the spec is what was written; only spec.yaml resolves it
+    stored = tmp_path / "spec.yaml"
+    stored.write_text(spec.to_yaml())
+    assert yaml.safe_load(stored.read_text())["data"]["source"] == str(tmp_path / "data" / "p.jsonl")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    resumed = load_spec(stored)
+    assert resumed.data.source == str(tmp_path / "data" / "p.jsonl")
+    assert resumed.to_yaml() == stored.read_text()  # a resumed run keeps its spec unchanged
+    assert parse_spec("name: x\n").to_yaml().count("source: env") == 1
+
+
+# --- Steps end on a published, checkpointed version ---------------------------------
+
+@pytest.mark.parametrize("steps, interval, nearest", [(10, 4, "8 or 12"), (2, 4, "4"), (9, 2, "8 or 10")])
+def test_steps_must_be_a_multiple_of_the_sync_interval(steps, interval, nearest):
+    issues = _issues(f"learner:\n  steps: {steps}\nsync:\n  interval: {interval}\n")
+    assert issues == [(f"learner.steps (line 2): must be a multiple of sync.interval ({interval}), or the last "
+                       f"{steps % interval} step(s) would never be published or checkpointed; use {nearest}")]
+    assert parse_spec(f"learner: {{steps: {steps - steps % interval or interval}}}\n"
+                      f"sync: {{interval: {interval}}}\n")
+    assert _issues("name: x\n", [f"learner.steps={steps}", f"sync.interval={interval}"])[0].startswith(
+        "learner.steps (--set): must be a multiple")
+
+
+# --- Bad input: encodings, characters, alias bombs ----------------------------------
+
+def test_non_utf8_spec_file_is_a_spec_error(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: x\nenv:\n  kwargs: {word: café}\n".encode("latin-1"))
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    assert e.value.source == str(path)
+    assert [str(i) for i in e.value.issues] == [
+        "<spec> (line 3): not UTF-8: byte 0xe9 at offset 33 cannot be decoded; save the spec as UTF-8"]
+
+
+def test_character_yaml_forbids_names_its_line():
+    assert _issues("name: x\nseed: \x01\n") == ["<spec> (line 2): not valid YAML: character #x0001 is not allowed"]
+
+
+def _alias_bomb(levels=9):
+    """A "billion laughs": each level repeats the previous one 9 times (9^levels strings)."""
+    lines = ["name: bomb", "env:", "  kwargs:", "    a: &a [" + ", ".join(['"lol"'] * 9) + "]"]
+    for prev, this in zip("abcdefgh", "bcdefghi"[: levels - 1]):
+        lines.append(f"    {this}: &{this} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_is_refused_at_the_alias_that_exceeds_the_budget():
+    text = _alias_bomb()
+    assert len(text) < 600
+    issues = _issues(text)
+    assert issues == [('<spec> (line 8): with this alias (*d), aliases repeat more than 10000 nodes in all: '
+                       'refused as an alias bomb ("billion laughs"); write the values out, or share fewer')]
+    bomb = ("{a: &a [1,1,1,1,1,1,1,1,1,1], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+            "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]}")
+    assert _issues("name: x\n", [f"env.kwargs={bomb}"])[0].startswith(
+        "env.kwargs (--set): value: with this alias (*c), aliases repeat more than 10000 nodes")
+
+
+def test_small_aliases_and_merge_keys_still_load():
+    spec = parse_spec("env:\n  kwargs: {a: &a {x: [1, 2]}, b: *a, c: {<<: *a, y: 3}}\n")
+    assert spec.env.kwargs == {"a": {"x": [1, 2]}, "b": {"x": [1, 2]}, "c": {"x": [1, 2], "y": 3}}
+
+
+def test_recursive_alias_is_refused():
+    assert _issues("name: x\nenv:\n  kwargs: &k {self: *k}\n") == [
+        "<spec> (line 3): alias *k is inside the node it repeats: the spec would be infinite"]
+
+
+def test_deep_nesting_is_a_spec_error():
+    issues = _issues("env: {kwargs: {a: " + "[" * 5000 + "]" * 5000 + "}}\n")
+    assert issues == ["<spec> (line 1): nested too deeply for a spec"]

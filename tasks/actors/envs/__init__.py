@@ -13,13 +13,13 @@ concurrently running episode, `Class(**env.kwargs)`, and reuses it through `rese
 
 from __future__ import annotations
 
-import importlib
 import random
 from typing import Any, Protocol
 
 from tasks.actors.envs.calculator import Calculator
 from tasks.actors.envs.code_exec import CodeExec
 from tasks.actors.envs.guess_number import GuessNumber
+from tasks.entrypoints import load
 
 
 class Env(Protocol):
@@ -33,19 +33,4 @@ BUILTIN: dict[str, type] = {"guess-number": GuessNumber, "calculator": Calculato
 
 def resolve_entrypoint(entrypoint: str) -> type:
     """The environment class a spec names: a built-in name or "package.module:Class"."""
-    if entrypoint in BUILTIN:
-        return BUILTIN[entrypoint]
-    module_name, sep, attr = entrypoint.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(
-            f"unknown environment {entrypoint!r}: use a built-in ({', '.join(BUILTIN)}) "
-            'or "package.module:Class"'
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import environment module {module_name!r}: {e}") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"module {module_name!r} has no {attr!r}") from None
+    return load(entrypoint, BUILTIN, "environment")

@@ -10,8 +10,10 @@ from distributed import Client, Future, LocalCluster, Queue, get_client
 
 from learner.trajectory import OBSERVATION, Group, Sample
 from tasks.buffer.ledger import Ledger, balanced
-from tasks.buffer import reader as buffer
+from tasks.buffer import exchange as exchange_module
+from tasks.buffer import reader as reader_module
 from tasks.buffer.channels import Channels
+from tasks.buffer.exchange import Exchange
 from tasks.buffer.reader import BufferReader
 from tasks.buffer.writer import BufferWriter, EntryChecks
 from tasks.config import BufferConfig, DataConfig
@@ -43,12 +45,36 @@ def produce(actor, session, prompt_id, delay, inline_bytes=BufferConfig().inline
     return writer.put(make_group(prompt_id, **group))
 
 
+class Version:
+    """The learner's versions, fixed at 0: no weights are published here."""
+
+    current = visible = 0
+
+
+class Buffer:
+    """A learner's end of the buffer over Dask: the reader and its exchange thread."""
+
+    def __init__(self, client, session, n_actors=3, capacity=8):
+        source = PromptSource(DataConfig(), GuessNumber, {}, seed=0)
+        self.rules = IntakeRules(BufferConfig(capacity=capacity), Ledger(), source,
+                                 Pace(batch_groups=1, sync_interval=1, outstanding=n_actors), n_actors,
+                                 log=lambda _: None)
+        self.reader = BufferReader(self.rules, Version(), prefetch=1)
+        self.exchange = Exchange(Channels(session), client, self.rules, self.reader, capacity=capacity)
+
+    def take(self):
+        return self.reader.take(1)[0]
+
+    def close(self):
+        self.exchange.stop()
+        self.exchange.release()
+
+
 def reader_for(client, session, n_actors=3, capacity=8, start=True):
-    source = PromptSource(DataConfig(), GuessNumber, {}, seed=0)
-    rules = IntakeRules(BufferConfig(capacity=capacity), Ledger(), source,
-                        Pace(batch_groups=1, sync_interval=1, outstanding=n_actors), n_actors, log=lambda _: None)
-    reader = BufferReader(Channels(session), client, rules, capacity=capacity, prefetch=1)
-    return reader.start() if start else reader
+    buffer = Buffer(client, session, n_actors, capacity)
+    if start:
+        buffer.exchange.start()
+    return buffer
 
 
 def test_groups_are_taken_in_arrival_order_not_submission_order(client):
@@ -59,12 +85,11 @@ def test_groups_are_taken_in_arrival_order_not_submission_order(client):
         futures = [client.submit(produce, actor, "fifo", actor, delay, pure=False)
                    for actor, delay in ((0, 1.5), (1, 0.1), (2, 0.8))]
         client.gather(futures)
-        taken = [reader.take(1, version=0)[0].prompt_id for _ in range(3)]
+        taken = [reader.take().prompt_id for _ in range(3)]
         assert taken == [1, 2, 0]  # B, C, A
         assert balanced(reader.rules.accounting())
     finally:
         reader.close()
-        reader.release()
 
 
 def test_entry_checks_exclude_before_the_buffer(client):
@@ -75,13 +100,12 @@ def test_entry_checks_exclude_before_the_buffer(client):
             client.submit(produce, 0, "entry", 0, 0.0, rewards=(1.0, 1.0), pure=False),  # zero variance
             client.submit(produce, 1, "entry", 1, 0.0, reward_nan=True, pure=False),  # invalid
             client.submit(produce, 2, "entry", 2, 0.0, pure=False)])
-        assert reader.take(1, version=0)[0].prompt_id == 2
+        assert reader.take().prompt_id == 2
         time.sleep(0.3)
         accounting = reader.rules.accounting()
         assert accounting["excluded"] == {"filtered": 1, "invalid": 1} and balanced(accounting)
     finally:
         reader.close()
-        reader.release()
 
 
 def test_a_full_buffer_blocks_the_producer_until_the_learner_takes(client):
@@ -93,25 +117,23 @@ def test_a_full_buffer_blocks_the_producer_until_the_learner_takes(client):
         blocked = client.submit(produce, 2, "full", 2, 0.0, pure=False)
         time.sleep(1.0)
         assert not blocked.done()  # waiting for room
-        reader.take(1, version=0)
+        reader.take()
         assert blocked.result(timeout=10) > 0.5  # the seconds it was blocked
     finally:
         reader.close()
-        reader.release()
 
 
 def test_a_starved_learner_says_what_the_buffer_knows(client, monkeypatch):
-    monkeypatch.setattr(buffer, "STARVED_LOG_S", 0.3)
+    monkeypatch.setattr(reader_module, "STARVED_LOG_S", 0.3)
     logged = []
     reader = reader_for(client, "starved", n_actors=1)
     reader.rules.log = logged.append
     try:
         client.submit(produce, 0, "starved", 0, 1.5, pure=False)  # a slow episode
-        assert reader.take(1, version=0)[0].prompt_id == 0
+        assert reader.take().prompt_id == 0
         assert logged and "waited" in logged[0] and "'in_flight': 1" in logged[0]
     finally:
         reader.close()
-        reader.release()
 
 
 def test_a_group_travels_inline_up_to_inline_bytes_and_as_a_future_beyond(client):
@@ -132,18 +154,18 @@ def _exit():
     os._exit(1)
 
 
-def test_a_group_whose_worker_died_is_lost_and_retried():
+def test_a_group_whose_worker_died_is_lost_and_retried(monkeypatch):
     # Its data was scattered: once its worker is gone nothing can recompute it.
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         reader = reader_for(client, "died", n_actors=1, capacity=2, start=False)
-        reader._fetch_timeout_s = 0.5
+        monkeypatch.setattr(exchange_module, "FETCH_TIMEOUT_S", 0.5)
         producer = client.submit(produce, 0, "died", 0, 0.0, inline_bytes=0, pure=False)  # a future
         producer.result()
         [worker] = client.who_has()[producer.key]
         with contextlib.suppress(Exception):
             client.run(_exit, workers=[worker])
-        reader.start()
+        reader.exchange.start()
         try:
             deadline = time.monotonic() + 30
             while reader.rules.accounting()["excluded"].get("lost", 0) < 1:
@@ -153,4 +175,3 @@ def test_a_group_whose_worker_died_is_lost_and_retried():
             assert accounting["waiting"] + accounting["in_flight"] == 1 and balanced(accounting)
         finally:
             reader.close()
-            reader.release()

@@ -50,3 +50,28 @@ def test_bad_jsonl_names_file_and_line(tmp_path):
     path.write_text('{"prompt": "a"}\n{"text": 1}\n')
     with pytest.raises(ValueError, match=r"p.jsonl line 2"):
         source(source=str(path))
+
+
+def test_non_utf8_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"data\.source: .*p\.jsonl line 2: not UTF-8 \(byte 0xe9 at offset 15"):
+        source(source=str(path))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "missing.jsonl", "cannot read .*missing.jsonl: No such file or directory"),
+    (lambda d: d, "is not a file"),
+    (lambda d: (d / "empty.jsonl", (d / "empty.jsonl").write_text("\n\n"))[0], "empty.jsonl holds no prompts"),
+])
+def test_unreadable_jsonl_is_a_value_error(tmp_path, make, message):
+    with pytest.raises(ValueError, match=rf"^data\.source: .*{message}"):
+        source(source=str(make(tmp_path)))
+
+
+def test_jsonl_lines_split_on_newlines_only(tmp_path):
+    # A prompt may hold line separators JSON allows unescaped (U+2028, U+0085): not line ends.
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a\u2028b\x85c"}\r\n{"prompt": "d"}\n', encoding="utf-8")
+    s = source(source=str(path))
+    assert [s.next().text for _ in range(2)] == ["a\u2028b\x85c", "d"]

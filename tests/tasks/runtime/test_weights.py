@@ -1,5 +1,6 @@
-"""Weight publishing over a real Dask cluster: in the background, newest first, one fetch
-per version per worker process, and failures surfaced to the learner."""
+"""The weight source: versions, cadence and publishing in the background, alone (a fake
+transport stands for Dask) and over a real Dask cluster (one fetch per version per worker
+process, failures surfaced to the learner)."""
 
 import threading
 
@@ -8,7 +9,83 @@ import pytest
 from distributed import Client, LocalCluster, get_client
 
 from tasks.actors.weights import WeightSubscriber
-from tasks.runtime.weights import WeightPublisher
+from tasks.buffer.channels import Channels
+from tasks.runtime.weights import DaskTransport, WeightSource
+
+
+class FakeTransport:
+    """Crosses no process: records what was sent; `hold` blocks the next send until released."""
+
+    def __init__(self):
+        self.sent, self.hold, self.sending = [], threading.Event(), threading.Event()
+        self.hold.set()
+
+    def send(self, version, params):
+        self.sending.set()
+        assert self.hold.wait(10)
+        self.sent.append((version, params["w"].tolist()))
+
+
+def test_a_version_every_interval_steps_counted_from_the_restored_one():
+    source = WeightSource(FakeTransport(), interval=4, version=7)
+    assert [step for step in range(1, 13) if source.due(step)] == [4, 8, 12]
+    assert (source.current, source.visible) == (7, 7)
+    source.start()
+    assert source.publish({"w": np.zeros(1)}, new_version=False) == 7  # a session's start
+    assert source.publish({"w": np.ones(1)}) == 8
+    source.wait()
+    assert (source.current, source.visible) == (8, 8)
+    source.stop()
+
+
+def test_visible_moves_only_once_the_actors_can_use_the_version():
+    transport = FakeTransport()
+    source = WeightSource(transport, interval=1).start()
+    transport.hold.clear()
+    source.publish({"w": np.ones(1)})
+    assert transport.sending.wait(10)
+    assert (source.current, source.visible) == (1, 0)  # staleness counts it, admission does not yet
+    transport.hold.set()
+    source.wait()
+    assert source.visible == 1
+    source.stop()
+
+
+def test_only_the_newest_waiting_version_is_sent():
+    transport = FakeTransport()
+    source = WeightSource(transport, interval=1).start()
+    transport.hold.clear()
+    source.publish({"w": np.full(1, 1.0)})
+    assert transport.sending.wait(10)
+    for version in (2, 3, 4):
+        source.publish({"w": np.full(1, float(version))})
+    transport.hold.set()
+    source.wait()
+    assert source.skipped == 2  # versions 2 and 3 were superseded before they left
+    assert transport.sent == [(1, [1.0]), (4, [4.0])]
+    source.stop()
+
+
+def test_stop_flushes_the_version_waiting():
+    transport = FakeTransport()
+    source = WeightSource(transport, interval=1).start()
+    source.publish({"w": np.ones(1)})
+    assert source.stop()
+    assert transport.sent == [(1, [1.0])]
+
+
+def test_a_failed_send_is_raised_at_the_learners_next_call():
+    class Broken:
+        def send(self, version, params):
+            raise ConnectionError("scheduler gone")
+
+    source = WeightSource(Broken(), interval=1).start()
+    source.publish({"w": np.ones(1)})
+    with pytest.raises(RuntimeError, match="weight-publisher failed: ConnectionError"):
+        source.wait()
+    with pytest.raises(RuntimeError, match="scheduler gone"):
+        source.publish({"w": np.ones(1)})
+    source.stop()
 
 
 @pytest.fixture(scope="module")
@@ -18,71 +95,33 @@ def client():
         yield client
 
 
-def test_published_version_is_visible_after_wait(client):
-    publisher = WeightPublisher("w-visible", client)
-    publisher.publish(3, {"w": np.full(4, 3.0)})
-    publisher.wait()
-    version, params = WeightSubscriber("w-visible", client).latest()
+def test_published_version_is_visible_to_subscribers_over_dask(client):
+    channels = Channels("visible")
+    source = WeightSource(DaskTransport(channels, client), interval=1, version=2).start()
+    source.publish({"w": np.full(4, 3.0)})
+    source.wait()
+    version, params = WeightSubscriber(channels, client).latest()
     assert version == 3 and params["w"].tolist() == [3.0] * 4
-    assert WeightSubscriber("w-visible", client).version() == 3
-    publisher.close()
-
-
-def test_only_the_newest_waiting_version_is_sent(client):
-    sent = []
-    publisher = WeightPublisher("w-newest", client, on_sent=sent.append)
-    sending = threading.Event()
-    release = threading.Event()
-    send = publisher._send
-
-    def slow_send(version, params):  # holds the first send until three more versions wait
-        sending.set()
-        release.wait(10)
-        send(version, params)
-
-    publisher._send = slow_send
-    publisher.publish(1, {"w": np.ones(2)})
-    assert sending.wait(10)
-    for version in (2, 3, 4):
-        publisher.publish(version, {"w": np.full(2, float(version))})
-    release.set()
-    publisher.close()  # flushes what is waiting
-    assert publisher.skipped == 2  # versions 2 and 3 were superseded before they left
-    assert sent == [1, 4]  # what admission control may count on
-    assert WeightSubscriber("w-newest", client).latest()[0] == 4
+    assert WeightSubscriber(channels, client).version() == 3
+    source.stop()
 
 
 LOADS = []  # module-level: tasks are pickled by reference to it
 
 
 def _actor(_):
-    subscriber = WeightSubscriber("w-shared", get_client(), load=lambda p: LOADS.append(1) or p)
+    subscriber = WeightSubscriber(Channels("shared"), get_client(), load=lambda p: LOADS.append(1) or p)
     return [subscriber.latest()[0] for _ in range(3)]
 
 
 def test_actors_of_a_process_share_one_loaded_copy_per_version(client):
-    publisher = WeightPublisher("w-shared", client)
-    publisher.publish(0, {"w": np.zeros(3)})
-    publisher.wait()
+    source = WeightSource(DaskTransport(Channels("shared"), client), interval=1).start()
+    source.publish({"w": np.zeros(3)}, new_version=False)
+    source.wait()
     assert client.gather(client.map(_actor, range(4), pure=False)) == [[0, 0, 0]] * 4
     assert len(LOADS) == 1
-    publisher.publish(1, {"w": np.ones(3)})
-    publisher.wait()
+    source.publish({"w": np.ones(3)})
+    source.wait()
     assert client.gather(client.map(_actor, range(4, 8), pure=False)) == [[1, 1, 1]] * 4
     assert len(LOADS) == 2
-    publisher.close()
-
-
-def test_a_failed_send_is_raised_at_the_learners_next_call(client):
-    publisher = WeightPublisher("w-failing", client)
-
-    def broken(version, params):
-        raise ConnectionError("scheduler gone")
-
-    publisher._send = broken
-    publisher.publish(1, {"w": np.ones(1)})
-    with pytest.raises(RuntimeError, match="publishing weights failed: ConnectionError"):
-        publisher.wait()
-    with pytest.raises(RuntimeError, match="scheduler gone"):
-        publisher.publish(2, {"w": np.ones(1)})
-    publisher.close()
+    source.stop()

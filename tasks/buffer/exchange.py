@@ -1,0 +1,120 @@
+"""The buffer's traffic with Dask, in a thread beside the learner: actors' reports in,
+groups in (ahead of need), prompts out.
+
+Each cycle is one hand-over to the Dask client's event loop with its scheduler requests in
+flight together, so the queue's round trips overlap the train step. On a learner host
+without an accelerator their CPU is taken from the train step, so the thread cycles again
+soon only while the learner could use what it would find (it waits, or the prefetch has
+room and groups are coming); otherwise it waits for a take, or at most IDLE_MAX_S, to read
+the actors' reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from distributed import Client, Future, Queue, wait
+
+from learner.trajectory import Group
+from tasks.background import Background
+from tasks.buffer.channels import Channels
+from tasks.buffer.intake import IntakeRules
+from tasks.buffer.reader import BufferReader
+
+IDLE_MIN_S, IDLE_MAX_S = 0.005, 0.08  # the pause between looks, busy or idle
+EXCHANGE_TIMEOUT_S = 120.0  # one cycle: past this the exchange fails, loudly
+FETCH_TIMEOUT_S = 15.0  # past this, a group's data counts as lost
+
+# An item taken from the Dask queue: (its future's key, its group). An inline group has no
+# key and is still pickled (bytes); a future's group is None if its data was lost.
+Fetched = tuple[str | None, Group | bytes | None]
+
+
+class Exchange(Background):
+    """Moves one session's reports, groups and prompts between Dask and the `reader`."""
+
+    def __init__(self, channels: Channels, client: Client, rules: IntakeRules, reader: BufferReader,
+                 *, capacity: int):
+        super().__init__("tandem-buffer-exchange")
+        self._client, self._rules, self._reader = client, rules, reader
+        self._queue = Queue(channels.buffer, client=client, maxsize=capacity)
+        self._reports = Queue(channels.reports, client=client)
+        self._prompts = [Queue(channels.prompts(a), client=client) for a in range(len(rules.held))]
+        self._queued = 0  # groups reported buffered and not yet fetched: at most those queued
+
+    def release(self) -> None:
+        for queue in (self._queue, self._reports, *self._prompts):
+            queue.close()
+
+    def _run(self) -> None:
+        pause, reader = IDLE_MIN_S, self._reader
+        while not self._stopping.is_set():
+            reader.wake.clear()  # a take from here on cuts the pause below short
+            wanted = max(0, min(reader.room(), self._queued))
+            items = self._client.sync(self._cycle, wanted, callback_timeout=EXCHANGE_TIMEOUT_S)
+            self._keep(items)
+            room = reader.room() > 0
+            if self._queued and room:
+                pause = 0.0  # groups reported in this cycle: fetch them in the next
+            elif reader.starved or (items and room):
+                pause = IDLE_MIN_S
+            elif room:  # room, but nothing arrived: back off
+                pause = min(2 * pause, IDLE_MAX_S)
+            else:
+                pause = IDLE_MAX_S
+            reader.wake.wait(pause)
+
+    def _wake(self) -> None:
+        self._reader.wake.set()
+
+    def _failed(self, error: BaseException) -> None:
+        self._reader.interrupt()
+
+    # Coroutines on the client's event loop, where Queue methods return awaitables.
+    async def _cycle(self, n: int) -> list[Fetched]:
+        """One look at the queues: `n` groups from the buffer together with the actors'
+        reports; then the prompts that the reports make room for."""
+        reports, items = await asyncio.gather(self._reports.get(batch=True), self._get_groups(n))
+        for report in reports:
+            self._reader.stats.reported(report)
+            self._queued += report["event"] == "buffered"
+            self._rules.on_report(report)
+        messages = self._rules.dispatch(self._reader.clock.visible)
+        await asyncio.gather(*(self._prompts[actor].put([p.to_wire() for p in prompts])
+                               for actor, prompts in messages.items()))
+        return items
+
+    async def _get_groups(self, n: int) -> list[Fetched]:
+        """`n` items from the Dask queue, in arrival order; inline groups stay pickled, to be
+        unpickled off the event loop.
+
+        `n` counts only groups reported buffered, so the get never blocks: this is the
+        queue's only consumer, and an actor reports a group after putting it.
+        Every wait is bounded: a future whose worker died mid-fetch turns "lost", and Dask
+        then waits for it forever (its data was scattered, so nothing can recompute it).
+        """
+        if not n:
+            return []
+        items = await self._queue.get(batch=n)  # inline groups (bytes) and futures
+        futures = [item for item in items if isinstance(item, Future)]
+        pending = [f for f in futures if f.status == "pending"]  # its state not reported yet
+        if pending:
+            with contextlib.suppress(TimeoutError):
+                await wait(pending, timeout=FETCH_TIMEOUT_S)
+        ready = [f for f in futures if f.status == "finished"]
+        # One request for all of them (concurrent gathers share it), each with its own outcome.
+        fetched = await asyncio.gather(
+            *(asyncio.wait_for(self._client.gather(f), FETCH_TIMEOUT_S) for f in ready),
+            return_exceptions=True)
+        data = {f.key: g for f, g in zip(ready, fetched) if isinstance(g, Group)}
+        return [(None, item) if isinstance(item, bytes) else (item.key, data.get(item.key)) for item in items]
+
+    def _keep(self, items: list[Fetched]) -> None:
+        """Hands fetched groups to the reader, in arrival order."""
+        self._queued -= len(items)
+        for key, group in items:
+            if key is not None:
+                self._rules.on_fetch(key, lost=group is None)
+        groups = [Group.from_wire(g) if isinstance(g, bytes) else g for _, g in items if g is not None]
+        self._reader.arrive(groups, self._queued)

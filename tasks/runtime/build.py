@@ -1,0 +1,103 @@
+"""Builds a learner session's parts from the spec, restoring the run directory's latest
+checkpoint if it has one: the one place that knows which part needs which section."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from distributed import Client
+
+from learner.config import LearnerConfig, ModelConfig
+from learner.sharding import make_mesh
+from learner.train import TrainStep, abstract_train_state, init_train_state
+from tasks.actors.actor import ActorSetup
+from tasks.actors.envs import resolve_entrypoint
+from tasks.actors.pool import ActorPool
+from tasks.buffer.channels import Channels
+from tasks.buffer.exchange import Exchange
+from tasks.buffer.intake import IntakeRules, Pace, outstanding_bound
+from tasks.buffer.ledger import Ledger
+from tasks.buffer.prompts import PromptSource
+from tasks.buffer.reader import BufferReader
+from tasks.config import ActorsConfig, BufferConfig, CheckpointConfig, DataConfig, EnvConfig, SyncConfig
+from tasks.records.loggers import ConsoleLog, Loggers, ProgressLog
+from tasks.records.metrics_log import MetricsLog
+from tasks.records.step import StepMeter
+from tasks.records.tensorboard import TensorBoardLog
+from tasks.runtime.checkpoints import Checkpoints
+from tasks.runtime.learner import Learner
+from tasks.runtime.run_state import RunState
+from tasks.runtime.session import Session
+from tasks.runtime.stopping import Stopping
+from tasks.runtime.weights import DaskTransport, WeightSource
+
+
+class RunSpec(Protocol):
+    """The sections of the experiment spec (`flows.spec.Spec`) a session reads."""
+
+    name: str
+    seed: int
+    env: EnvConfig
+    data: DataConfig
+    model: ModelConfig
+    actors: ActorsConfig
+    buffer: BufferConfig
+    learner: LearnerConfig
+    sync: SyncConfig
+    checkpoint: CheckpointConfig
+
+    @property
+    def run_dir(self) -> Path: ...
+
+
+class Reporter(Protocol):
+    """Where a session's records go: Prefect, through the learner task."""
+
+    def version(self, **fields) -> None: ...  # a committed checkpoint (`tasks.records.artifacts.record_version`)
+    def progress(self, step: int, version: int) -> None: ...  # after every step
+
+
+def intake_rules(spec: RunSpec, log) -> IntakeRules:
+    """The buffer's rules, drawing prompts from the spec's data source."""
+    source = PromptSource(spec.data, resolve_entrypoint(spec.env.entrypoint), spec.env.kwargs, spec.seed)
+    pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
+                updates_per_batch=spec.learner.updates_per_batch, synchronous=spec.learner.mode == "sync",
+                outstanding=outstanding_bound(spec.buffer.capacity, spec.actors.n_actors, spec.learner.batch_groups))
+    return IntakeRules(spec.buffer, Ledger(), source, pace, spec.actors.n_actors, log=log)
+
+
+def build_session(spec: RunSpec, client: Client, channels: Channels, log, reporter: Reporter) -> Session:
+    """The parts of a session of `spec`; `log` has .info and .warning."""
+    run_dir = spec.run_dir.resolve()
+    rules = intake_rules(spec, log.warning)
+    run_state = RunState(Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep), rules, reporter,
+                         run_name=spec.name, seed=spec.seed, run_dir=run_dir)
+    mesh = make_mesh(spec.learner.mesh)
+    restored = run_state.restore(abstract_train_state(spec.model, spec.learner, mesh))
+    if restored is None:
+        state, step, version = init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh), 0, 0
+    else:
+        state, step, version = restored.state, restored.step, restored.version
+        log.info(f"resumed from {restored.path}: step {step}, version {version}")
+    learner = Learner(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)
+    weights = WeightSource(DaskTransport(channels, client), spec.sync.interval, version=version)
+    setup = ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
+    actors = ActorPool(client, setup, spec.actors.n_actors, log.info)
+
+    def producers_failed() -> None:  # a starved learner asks; raises instead of waiting forever
+        exchange.raise_if_failed()
+        actors.raise_if_failed()
+
+    # Two batches ahead: the next batch's transfer overlaps the current step.
+    reader = BufferReader(rules, weights, prefetch=2 * spec.learner.batch_groups, check=producers_failed)
+    exchange = Exchange(channels, client, rules, reader, capacity=spec.buffer.capacity)
+    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    metrics.resume(step)
+    stopping = Stopping(spec.learner, log.info)
+    loggers = Loggers(metrics, TensorBoardLog(run_dir / "tensorboard", resume_step=step), ConsoleLog(log.info),
+                      ProgressLog(reporter.progress), stopping)
+    return Session(learner=learner, weights=weights, reader=reader, exchange=exchange, actors=actors,
+                   run_state=run_state, meter=StepMeter(reader, rules.ledger, weights, learner), loggers=loggers,
+                   stopping=stopping, batch_groups=spec.learner.batch_groups,
+                   checkpoint_every=spec.checkpoint.every, synchronous=spec.learner.mode == "sync")

@@ -1,0 +1,116 @@
+"""`tandem validate | run | resume` on specs that cannot run: exit 2, each problem with its
+field path and line, before anything starts."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows import cli
+from flows.cli import main
+from flows.spec import load_spec
+
+GOOD = "name: x\nlearner:\n  steps: 8\nsync:\n  interval: 4\n"
+
+
+@pytest.fixture(autouse=True)
+def no_training(monkeypatch):
+    """`run` and `resume` get as far as training, never into it: what they would train is kept."""
+    started = []
+    monkeypatch.setattr(cli, "_run", lambda spec: started.append(spec) or 0)
+    return started
+
+
+def write(tmp_path, text, name="spec.yaml"):
+    path = tmp_path / name
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return str(path)
+
+
+def test_validate_ok(tmp_path, capsys):
+    assert main(["validate", write(tmp_path, GOOD)]) == 0
+    assert capsys.readouterr().out.endswith(": ok (x, run directory runs/x)\n")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("name: x\nenv:\n  entrypoint: no_such_pkg_q4.envs:Env\n",
+     "env.entrypoint (line 3): cannot import environment 'no_such_pkg_q4.envs:Env': no module named 'no_such_pkg_q4'"),
+    ("name: x\nenv:\n  entrypoint: tasks.actors.envs:Nope\n",
+     ("env.entrypoint (line 3): cannot load environment 'tasks.actors.envs:Nope': "
+      "module 'tasks.actors.envs' has no attribute 'Nope'")),
+    ("name: x\nbuffer:\n  filters: [zero_variance, no_such_pkg_q4:keep]\n",
+     "buffer.filters.1 (line 3): cannot import filter 'no_such_pkg_q4:keep'"),
+    ("name: x\nactors:\n  cluster: no_such_pkg_q4:SLURMCluster\n",
+     "actors.cluster (line 3): cannot import cluster class 'no_such_pkg_q4:SLURMCluster'"),
+    ("name: x\ndata:\n  source: /no/such/prompts.jsonl\n",
+     "data.source (line 3): cannot read /no/such/prompts.jsonl: No such file or directory"),
+    ("name: x\nlearner:\n  steps: 10\n",
+     ("learner.steps (line 3): must be a multiple of sync.interval (4), or the last 2 step(s) would never be "
+      "published or checkpointed; use 8 or 12")),
+])
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_spec_that_cannot_run_exits_2_naming_field_and_line(tmp_path, capsys, no_training, command, text, expected):
+    path = write(tmp_path, text)
+    assert main([command, path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}: invalid spec\n") and f"  {expected}" in err, err
+    assert not no_training
+
+
+def test_data_file_without_valid_prompts(tmp_path, capsys):
+    data = write(tmp_path, b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', "p.jsonl")
+    assert main(["validate", write(tmp_path, f"name: x\ndata:\n  source: {data}\n")]) == 2
+    assert (f"data.source (line 3): {data} line 2: not UTF-8 (byte 0xe9 at offset 15 of the line)"
+            in capsys.readouterr().err)
+
+
+def test_non_utf8_spec(tmp_path, capsys):
+    path = write(tmp_path, "name: café\n".encode("latin-1"))
+    assert main(["validate", path]) == 2
+    assert capsys.readouterr().err == (
+        f"{path}: invalid spec\n  <spec> (line 1): not UTF-8: byte 0xe9 at offset 9 cannot be decoded; "
+        "save the spec as UTF-8\n")
+
+
+ALIAS_BOMB = "name: bomb\nenv:\n  kwargs:\n    a: &a [" + ", ".join(['"lol"'] * 9) + "]\n" + "".join(
+    f"    {this}: &{this} [" + ", ".join([f"*{prev}"] * 9) + "]\n" for prev, this in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_alias_bomb_is_refused_before_it_expands(tmp_path, capsys, no_training, command):
+    assert len(ALIAS_BOMB) < 600
+    assert main([command, write(tmp_path, ALIAS_BOMB)]) == 2
+    assert "<spec> (line 8): with this alias (*d), aliases repeat more than 10000 nodes" in capsys.readouterr().err
+    assert not no_training
+
+
+def test_resume_checks_the_run_spec(tmp_path, capsys, no_training):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write(run_dir, "name: x\nenv:\n  entrypoint: no_such_pkg_q4:Env\n")
+    assert main(["resume", str(run_dir)]) == 2
+    assert "env.entrypoint (line 3): cannot import environment" in capsys.readouterr().err
+    assert not no_training
+
+
+def test_resume_from_another_directory_reads_the_same_data_file(tmp_path, monkeypatch, no_training):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "secret=a"}\n')
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.yaml").write_text(load_spec(write(tmp_path, GOOD + "data:\n  source: p.jsonl\n")).to_yaml())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["resume", str(run_dir)]) == 0
+    assert no_training[0].data.source == str(tmp_path / "p.jsonl")
+
+
+def test_console_script_reports_without_a_traceback(tmp_path):
+    tandem = Path(sys.executable).parent / "tandem"
+    for text in (ALIAS_BOMB.encode(), "name: café\n".encode("latin-1")):
+        result = subprocess.run([str(tandem), "validate", write(tmp_path, text)], capture_output=True,
+                                text=True, timeout=60, check=False)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert "(line " in result.stderr
