@@ -1,4 +1,4 @@
-"""`tandem audit SPEC`: the latency audit and the worker-pool design (seed 000).
+"""`tandem audit SPEC`: the latency audit and the worker-pool design.
 
 The audit measures the spec on this machine (`tasks.measure.measure`) and models the run
 as two rates, groups per second into the buffer and out of it:

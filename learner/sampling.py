@@ -7,7 +7,7 @@ and a prefill to a power-of-two length. The log-prob recorded for a token is tha
 of the distribution it was actually drawn from (after temperature, top-k, top-p).
 
 With a `refresh` callback the sampler checks the published version every
-`check_every` tokens and follows DESIGN.md's rule for in-flight generation
+`check_every` tokens and follows the README's rule for in-flight generation
 (`on_sync`): "retract" swaps in the new weights and recomputes the cache over the
 tokens so far, "finish" keeps the old weights, "abort" stops and says so. Each
 token records the version that generated it.

@@ -82,7 +82,7 @@ class Group:
 
     @functools.cached_property  # the learner asks at every take; the samples never change
     def oldest_version(self) -> int:
-        """Minimum version over all generated tokens of all samples (seed 004)."""
+        """Minimum version over all generated tokens of all samples (README, "Versions, staleness, the buffer")."""
         versions = np.concatenate([s.versions for s in self.samples]) if self.samples else np.empty(0)
         generated = versions[versions != OBSERVATION]
         if not generated.size:

@@ -9,37 +9,25 @@ from typing import Callable
 from distributed import Client, Event, Queue
 
 
+def _named(what: str) -> property:
+    return property(lambda self: f"tandem-{self.session}-{what}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Channels:
-    """Names of one learner session's Dask queues, variable and event."""
+    """Names of one learner session's Dask queues, variables and event."""
 
     session: str
 
-    def _name(self, what: str) -> str:
-        return f"tandem-{self.session}-{what}"
-
-    @property
-    def buffer(self) -> str:
-        return self._name("buffer")
+    buffer = _named("buffer")  # the Queue of groups (inline) and their futures
+    reports = _named("reports")  # the Queue of the actors' reports to the learner
+    weights = _named("weights")  # the Variable naming the latest params' future
+    weights_version = _named("weights-version")  # the Variable holding their version
+    stop = _named("stop")  # the Event that tells actors to stop
 
     def prompts(self, actor: int) -> str:
-        return self._name(f"prompts-{actor}")
-
-    @property
-    def reports(self) -> str:
-        return self._name("reports")
-
-    @property
-    def weights(self) -> str:
-        return self._name("weights")
-
-    @property
-    def weights_version(self) -> str:
-        return self._name("weights-version")
-
-    @property
-    def stop(self) -> str:
-        return self._name("stop")
+        """The Queue of prompt messages to `actor`."""
+        return f"tandem-{self.session}-prompts-{actor}"
 
 
 def release_actors(client: Client, channels: Channels, n_actors: int) -> None:

@@ -107,7 +107,7 @@ class Ledger:
 
 
 def balanced(snapshot: dict) -> bool:
-    """The accounting invariants: over attempts (DESIGN.md) and, where the snapshot has
+    """The accounting invariants: over attempts (README, "The run directory") and, where the snapshot has
     them, over prompts (each drawn prompt is in exactly one place)."""
     excluded = sum(snapshot["excluded"].values())
     attempts = snapshot["in_flight"] + snapshot["buffered"] + snapshot["consumed"] + excluded

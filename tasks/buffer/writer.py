@@ -49,7 +49,7 @@ class BufferWriter:
             return self._report(group, "excluded", reason="invalid", detail=invalid)
         for name, keep in self._checks.filters.items():
             if not keep(group):
-                return self._report(group, "excluded", reason="filtered", detail=name, **_outcomes(group))
+                return self._report(group, "excluded", reason="filtered", detail=name, **outcomes(group))
         group.oldest_version  # cached, so computed here and pickled with the group, not in `take`
         if group.nbytes <= self._inline_bytes:
             item, key = group.to_wire(), None
@@ -61,7 +61,7 @@ class BufferWriter:
         start = time.perf_counter()
         self._queue.put(item)
         blocked = time.perf_counter() - start
-        self._report(group, "buffered", blocked_s=blocked, key=key, **_outcomes(group))
+        self._report(group, "buffered", blocked_s=blocked, key=key, **outcomes(group))
         return blocked
 
     def _report(self, group: Group, event: str, **fields) -> float:
@@ -70,7 +70,7 @@ class BufferWriter:
         return 0.0
 
 
-def _outcomes(group: Group) -> dict:
+def outcomes(group: Group) -> dict:
     """What the group's episodes scored: the acting policy's performance, whether or not
     the group is trained on (a filter drops exactly the groups that all succeed or all fail)."""
     successes = [s.success for s in group.samples if s.success is not None]

@@ -42,7 +42,7 @@ def test_every_spec_has_a_deployment_of_the_training_flow():
 def test_spec_parameter_is_a_path_yaml_text_or_a_mapping():
     path = ROOT / "specs" / "guess-number.yaml"
     from_path = resolve_spec(str(path), ["learner.steps=8"])
-    assert from_path.learner.steps == 7
+    assert from_path.learner.steps == 8
     assert resolve_spec(path.read_text(), ["learner.steps=8"]) == from_path
     assert resolve_spec(yaml.safe_load(path.read_text()), ["learner.steps=8"]) == from_path
     assert resolve_spec("{name: x}", []).name == "x"

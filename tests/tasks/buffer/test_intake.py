@@ -1,4 +1,4 @@
-"""The buffer's rules: seed 004's worked examples, and the accounting under any interleaving."""
+"""The buffer's rules: the README's worked examples of versions and staleness, and the accounting under any interleaving."""
 
 import collections
 
@@ -35,7 +35,7 @@ def rules(n_actors=1, outstanding=100, synchronous=False, **buffer):
     return IntakeRules(BufferConfig(**buffer), Ledger(), source, pace, n_actors, log=lambda _: None)
 
 
-# Seed 004's examples.
+# Worked examples: versions, staleness and the exit check.
 
 def test_group_made_at_v3_taken_while_v3_deployed_has_staleness_0():
     # Sync every 3 steps: step 9 published v3; at step 11 the learner still has v3 deployed.

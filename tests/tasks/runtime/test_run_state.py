@@ -1,0 +1,138 @@
+"""The run state: what a checkpoint holds, saved and restored alone (real Orbax checkpoints,
+real intake rules), and one consistent snapshot of the intake however its thread interleaves."""
+
+import threading
+
+import jax
+import numpy as np
+
+from tasks.buffer.ledger import balanced
+from tasks.runtime.checkpoints import Checkpoints
+from tasks.runtime.run_state import RunState
+from tests.support.groups import make_group, make_rules
+
+
+class Recorder:
+    def __init__(self):
+        self.versions = []
+
+    def version(self, **fields):
+        self.versions.append(fields)
+
+
+def train_state(value: float):
+    return {"w": np.full(3, value, np.float32), "step": np.int32(value)}
+
+
+ABSTRACT = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), train_state(0.0))
+
+
+def run_state(tmp_path, rules, recorder=None):
+    return RunState(Checkpoints(tmp_path / "checkpoints", keep=None), rules, recorder or Recorder(),
+                    run_name="t", seed=7, run_dir=tmp_path)
+
+
+def test_nothing_to_restore_in_a_new_run_directory(tmp_path):
+    assert run_state(tmp_path, make_rules()).restore(ABSTRACT) is None
+
+
+def test_a_restored_run_redoes_what_was_open_and_keeps_what_was_closed(tmp_path):
+    rules = make_rules(n_actors=2)
+    rules.dispatch(version=0)  # 100 prompts out (the outstanding bound)
+    rules.on_report({"event": "buffered", "actor": 0, "id": 0, "attempt": 0})
+    assert rules.on_take(make_group(0), version=1) == 1
+    rules.on_report({"event": "excluded", "actor": 1, "id": 1, "attempt": 0, "reason": "filtered", "detail": ""})
+    saved = run_state(tmp_path, rules)
+    saved.save(train_state(4.0), step=4, version=1, reward_mean=0.5)
+    saved.close()
+
+    fresh = make_rules(n_actors=2)
+    restored = run_state(tmp_path, fresh).restore(ABSTRACT)
+    assert (restored.step, restored.version) == (4, 1)
+    assert restored.state["w"].tolist() == [4.0] * 3
+    accounting = fresh.accounting()
+    assert (accounting["consumed"], accounting["excluded"]) == (1, {"filtered": 1})
+    assert balanced(accounting)
+    # The 98 open attempts are drawn again before any new prompt, in their order.
+    redone = [fresh.source.next().id for _ in range(98)]
+    assert redone == list(range(2, 100)) and fresh.source.next().id == 100
+
+
+def test_a_version_is_recorded_only_once_its_checkpoint_is_committed(tmp_path):
+    recorder = Recorder()
+    state = run_state(tmp_path, make_rules(), recorder)
+    state.save(train_state(1.0), step=4, version=1, reward_mean=0.25)
+    assert recorder.versions == []  # being written
+    state.save(train_state(2.0), step=8, version=2, reward_mean=0.5)
+    assert [v["version"] for v in recorder.versions] == [1]
+    state.commit()
+    assert [(v["version"], v["parent"]) for v in recorder.versions] == [(1, None), (2, tmp_path.resolve() / "checkpoints" / "1")]
+    assert [row["version"] for row in recorder.versions[-1]["rows"]] == [1, 2]
+    state.close()
+
+
+def test_the_intake_snapshot_is_consistent_while_the_intake_thread_works(tmp_path):
+    """The intake thread dispatches, excludes (retrying) and consumes while checkpoints are
+    taken: every snapshot must be one moment's, so that a run resumed from it draws no
+    prompt twice and loses none (a dispatch between reading the cursor and the open
+    prompts would list a prompt both to redo and to draw anew)."""
+    rules = make_rules(n_actors=4, outstanding=8, retry=("aborted",), max_retries=1000)
+    stop = threading.Event()
+
+    def intake():
+        turn = 0
+        while not stop.is_set():
+            for actor, prompts in rules.dispatch(version=0).items():
+                for prompt in prompts:
+                    turn += 1
+                    if turn % 3:
+                        rules.on_report({"event": "excluded", "actor": actor, "id": prompt.id,
+                                         "attempt": prompt.attempt, "reason": "aborted", "detail": ""})
+                    else:
+                        rules.on_report({"event": "buffered", "actor": actor, "id": prompt.id, "attempt": prompt.attempt})
+                        rules.on_take(make_group(prompt.id, attempt=prompt.attempt), version=0)
+
+    thread = threading.Thread(target=intake)
+    thread.start()
+    try:
+        for _ in range(3000):
+            snapshot = rules.snapshot()
+            cursor = snapshot["data"]["cursor"]
+            waiting = [p[0] for p in snapshot["data"]["again"]]
+            redo = [p[0] for p in snapshot["redo"]]
+            to_draw = redo + waiting
+            assert all(i < cursor for i in to_draw), "a prompt to redo would also be drawn anew"
+            assert len(set(to_draw)) == len(to_draw), "a prompt listed twice"
+            # No exclusion here is final, so every prompt drawn is consumed or to be drawn again.
+            assert cursor == snapshot["accounting"]["consumed"] + len(to_draw), "a prompt lost"
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_dispatch_waits_for_a_snapshot_in_progress():
+    """The deterministic interleaving behind the stress test: a dispatch arriving while the
+    snapshot has read the cursor but not yet the open prompts runs after it, not between."""
+    rules = make_rules(outstanding=4)
+    inside, go = threading.Event(), threading.Event()
+    state = rules.source.state
+
+    def paused_state():
+        inside.set()
+        assert go.wait(10)
+        return state()
+
+    rules.source.state = paused_state
+    snapshots = []
+    taker = threading.Thread(target=lambda: snapshots.append(rules.snapshot()))
+    taker.start()
+    assert inside.wait(10)
+    dispatcher = threading.Thread(target=rules.dispatch, args=(0,))
+    dispatcher.start()
+    dispatcher.join(0.3)
+    assert dispatcher.is_alive()  # blocked by the snapshot's lock
+    go.set()
+    taker.join()
+    dispatcher.join()
+    assert snapshots[0]["data"]["cursor"] == 0 and snapshots[0]["redo"] == []
+    assert rules.snapshot()["data"]["cursor"] == 4 and len(rules.snapshot()["redo"]) == 4

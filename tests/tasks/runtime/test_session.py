@@ -1,0 +1,152 @@
+"""The learner loop: real learner, weight source, buffer reader, run state and loggers, with
+fakes only where Dask carries things between processes (the actors, the weights' transport)."""
+
+import json
+import threading
+
+import jax
+import pytest
+
+from learner.config import LearnerConfig, MeshConfig
+from learner.sharding import make_mesh
+from learner.train import TrainStep, init_train_state
+from tasks.buffer.ledger import balanced
+from tasks.buffer.reader import BufferReader
+from tasks.buffer.writer import outcomes
+from tasks.records.loggers import Loggers
+from tasks.records.metrics_log import MetricsLog
+from tasks.records.step import StepMeter
+from tasks.runtime.checkpoints import Checkpoints
+from tasks.runtime.learner import Learner
+from tasks.runtime.run_state import RunState
+from tasks.runtime.session import Session
+from tasks.runtime.stopping import Stopping
+from tasks.runtime.weights import WeightSource
+from tests.support.groups import TINY_MODEL, make_group, make_rules
+
+
+class Transport:
+    def __init__(self, fail_at=None):
+        self.sent, self.fail_at = [], fail_at
+
+    def send(self, version, params):
+        if version == self.fail_at:
+            raise ConnectionError("scheduler gone")
+        self.sent.append(version)
+
+
+class InProcessActors:
+    """The exchange and the actors' work in one fake: a thread that plays every prompt dispatched
+    at once, with the version the actors can use, and hands the group to the reader."""
+
+    def __init__(self, rules, reader, success=False):
+        self.rules, self.reader, self.success = rules, reader, success
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._play, daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def _play(self):
+        while not self.stopping.is_set():
+            version = self.reader.clock.visible
+            for actor, prompts in self.rules.dispatch(version).items():
+                for p in prompts:
+                    group = make_group(p.id, (0.0, 1.0), version=version, attempt=p.attempt, success=self.success)
+                    report = {"event": "buffered", "actor": actor, "id": p.id, "attempt": p.attempt, **outcomes(group)}
+                    self.reader.stats.reported(report)
+                    self.rules.on_report(report)
+                    self.reader.arrive([group], queued=0)
+            self.reader.wake.wait(0.01)
+            self.reader.wake.clear()
+
+    def stop(self):
+        self.stopping.set()
+        self.thread.join(10)
+
+    def release(self):
+        pass
+
+    def raise_if_failed(self):
+        pass
+
+
+class Actors:
+    """The actors' pool: their work is done by `InProcessActors`, the exchange's stand-in."""
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def raise_if_failed(self):
+        pass
+
+
+class Recorder:
+    def __init__(self):
+        self.versions, self.steps = [], []
+
+    def version(self, **fields):
+        self.versions.append(fields["version"])
+
+    def write(self, record):
+        self.steps.append((record.step, record.version))
+
+
+def session(tmp_path, *, steps=8, interval=4, every=1, success=False, target=None, fail_at=None):
+    config = LearnerConfig(steps=steps, batch_groups=2, buckets=(16,), stop_at_success=target, stop_window=4)
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    learner = Learner(TrainStep(TINY_MODEL, config, mesh), init_train_state(TINY_MODEL, config, seed=0, mesh=mesh), config)
+    rules = make_rules(outstanding=6)
+    recorder = Recorder()
+    run_state = RunState(Checkpoints(tmp_path / "checkpoints", keep=None), rules, recorder,
+                         run_name="t", seed=0, run_dir=tmp_path)
+    weights = WeightSource(Transport(fail_at), interval)
+    reader = BufferReader(rules, weights, prefetch=4)
+    actors = InProcessActors(rules, reader, success)
+    stopping = Stopping(config, log=lambda _: None)
+    loggers = Loggers(MetricsLog(tmp_path / "metrics.jsonl"), recorder, stopping)
+    built = Session(learner=learner, weights=weights, reader=reader, exchange=actors, actors=Actors(),
+                    run_state=run_state, meter=StepMeter(reader, rules.ledger, weights, learner), loggers=loggers,
+                    stopping=stopping, batch_groups=2, checkpoint_every=every, synchronous=False)
+    return built, recorder
+
+
+def test_a_version_every_interval_steps_each_checkpointed_and_recorded(tmp_path):
+    run, recorder = session(tmp_path, steps=8, interval=4)
+    result = run.run()
+    assert (result["step"], result["version"]) == (8, 2)
+    assert recorder.steps == [(s, (s - 1) // 4) for s in range(1, 9)]  # "step 5, version 1"
+    assert run.weights.current == 2 and Checkpoints(tmp_path / "checkpoints", None).versions() == [1, 2]
+    assert recorder.versions == [1, 2]  # both committed by the end
+    accounting = json.loads((tmp_path / "accounting.json").read_text())
+    assert accounting["consumed"] == 16 and balanced(accounting)
+    records = MetricsLog(tmp_path / "metrics.jsonl").read()
+    assert [r["step"] for r in records] == list(range(1, 9))
+    assert sorted(i for r in records for i in r["prompt_ids"]) == list(range(16))  # each prompt trained once
+    assert not run.exchange.thread.is_alive()
+
+
+def test_checkpoints_every_n_versions_and_at_the_end(tmp_path):
+    run, recorder = session(tmp_path, steps=12, interval=2, every=4)
+    run.run()
+    assert Checkpoints(tmp_path / "checkpoints", None).versions() == [4, 6]
+    assert recorder.versions == [4, 6]
+
+
+def test_stops_at_the_success_target_on_a_version(tmp_path):
+    run, recorder = session(tmp_path, steps=40, interval=2, success=True, target=0.4)
+    result = run.run()
+    # Success 50% from the first step; the window of 4 steps is full at step 4, a version.
+    assert (result["step"], result["version"]) == (4, 2)
+    assert recorder.versions == [1, 2]
+
+
+def test_a_failed_publish_fails_the_session_and_stops_its_parts(tmp_path):
+    run, _ = session(tmp_path, steps=12, interval=2, fail_at=2)
+    with pytest.raises(RuntimeError, match="scheduler gone"):
+        run.run()
+    assert not run.exchange.thread.is_alive()
+    assert balanced(json.loads((tmp_path / "accounting.json").read_text()))
