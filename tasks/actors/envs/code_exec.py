@@ -34,7 +34,7 @@ class CodeExec:
         try:
             self.limits = sandbox.Limits(**(limits or {}))
         except TypeError as e:
-            raise ValueError(f"limits: {e}; known: cpu_s, wall_s, memory_mb, output_bytes") from None
+            raise ValueError(f"limits: {e}; known: cpu_s, wall_s, memory_mb, output_bytes, processes") from None
         self.targets = targets
         self.attempts = attempts
         self._target = ""
