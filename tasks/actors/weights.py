@@ -1,13 +1,19 @@
-"""The actors' end of weight publishing (`tasks.runtime.weights`): the latest published (version, params)."""
+"""The actors' end of weight publishing (`tasks.runtime.weights`): the latest published
+(version, params), fetched from the learner's weight server when the version changes."""
 
 from __future__ import annotations
 
 import threading
+import urllib.error
+import urllib.request
 from typing import Any, Callable
 
 from distributed import Client, Variable
 
+from learner.serialization import params_from_bytes
 from tasks.buffer.channels import Channels
+
+FETCH_TIMEOUT_S = 60.0  # one version's bytes from the learner
 
 
 class WeightSubscriber:
@@ -17,28 +23,33 @@ class WeightSubscriber:
     loaded once, by whichever asks first.
     """
 
-    _shared: dict[str, tuple[str, int, Any]] = {}  # channel -> (future key, version, loaded)
+    _shared: dict[str, tuple[int, Any]] = {}  # channel -> (version, loaded params)
     _lock = threading.Lock()
 
     def __init__(self, channels: Channels, client: Client, load: Callable[[Any], Any] = lambda params: params):
-        self._name, self._load = channels.weights, load
-        self._variable = Variable(channels.weights, client=client)
-        self._version = Variable(channels.weights_version, client=client)
+        self._name, self._load = channels.weights_version, load
+        self._variable = Variable(channels.weights_version, client=client)
 
     def latest(self, timeout: float | None = None) -> tuple[int, Any]:
         """(version, params) last published; fetched only when the version changed."""
-        future = self._variable.get(timeout=timeout)
+        published = self._variable.get(timeout=timeout)
         with self._lock:  # one fetch per version per process; the others wait for it
             cached = self._shared.get(self._name)
-            if cached is None or cached[0] != future.key:
-                published = future.result()
-                cached = (future.key, published["version"], self._load(published["params"]))
-                self._shared.pop(self._name, None)
-                self._shared[self._name] = cached
+            if cached is None or cached[0] != published["version"]:
+                params = self._load(params_from_bytes(_fetch(published["url"])))
+                cached = self._shared[self._name] = (published["version"], params)
                 while len(self._shared) > 4:  # sessions past, on a long-lived worker
                     self._shared.pop(next(iter(self._shared)))
-        return cached[1], cached[2]
+        return cached
 
     def version(self) -> int:
         """The version last published, without fetching its params."""
-        return self._version.get()
+        return self._variable.get()["version"]
+
+
+def _fetch(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:
+            return response.read()
+    except urllib.error.URLError as e:
+        raise ConnectionError(f"cannot fetch weights from the learner at {url}: {e}") from e

@@ -21,8 +21,7 @@ class Channels:
 
     buffer = _named("buffer")  # the Queue of groups (inline) and their futures
     reports = _named("reports")  # the Queue of the actors' reports to the learner
-    weights = _named("weights")  # the Variable naming the latest params' future
-    weights_version = _named("weights-version")  # the Variable holding their version
+    weights_version = _named("weights-version")  # the Variable: the latest version and its URL
     stop = _named("stop")  # the Event that tells actors to stop
 
     def prompts(self, actor: int) -> str:

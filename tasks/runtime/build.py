@@ -30,7 +30,7 @@ from tasks.runtime.learner import Learner
 from tasks.runtime.run_state import RunState
 from tasks.runtime.session import Session
 from tasks.runtime.stopping import Stopping
-from tasks.runtime.weights import DaskTransport, WeightSource
+from tasks.runtime.weights import HttpTransport, WeightSource
 
 
 class RunSpec(Protocol):
@@ -81,7 +81,7 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
         state, step, version = restored.state, restored.step, restored.version
         log.info(f"resumed from {restored.path}: step {step}, version {version}")
     learner = Learner(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)
-    weights = WeightSource(DaskTransport(channels, client), spec.sync.interval, version=version)
+    weights = WeightSource(HttpTransport(channels, client), spec.sync.interval, version=version)
     setup = ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
     actors = ActorPool(client, setup, spec.actors.n_actors, log.info)
 

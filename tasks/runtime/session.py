@@ -40,8 +40,8 @@ class Session:
 
     def run(self) -> dict:
         """Trains until `learner.steps` or the success target; returns where it ended."""
-        with contextlib.ExitStack() as stack:  # stops, in reverse: weights, exchange, actors, ...
-            for stop in (self._close, self.exchange.release, self.actors.stop, self.exchange.stop, self.weights.stop):
+        with contextlib.ExitStack() as stack:  # stops, in reverse order: exchange, actors, weights, ...
+            for stop in (self._close, self.exchange.release, self.weights.stop, self.actors.stop, self.exchange.stop):
                 stack.callback(stop)
             self.exchange.start()
             self.weights.start()

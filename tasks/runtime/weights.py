@@ -17,8 +17,10 @@ from typing import Any, Protocol
 
 from distributed import Client, Variable
 
+from learner.serialization import params_to_bytes
 from tasks.background import Background
 from tasks.buffer.channels import Channels
+from tasks.runtime.weight_server import WeightServer, address_towards
 
 
 class Transport(Protocol):
@@ -26,24 +28,29 @@ class Transport(Protocol):
 
     def send(self, version: int, params: Any) -> None: ...
 
+    def close(self) -> None: ...
 
-class DaskTransport:
-    """Params scattered once per version and named by a `distributed.Variable`; the version
-    in a second Variable, set after the params, so a reader never sees a version early.
-    Actors fetch a version at most once per worker process (`tasks.actors.weights`)."""
+
+class HttpTransport:
+    """Serves each version's params from the learner's own process, over HTTP.
+
+    The scheduler carries only the version and its address (a `distributed.Variable`), so
+    a publish costs the scheduler O(1) whatever the model's size, each actor process
+    fetches O(model) bytes once per version, and no Dask worker holds the only copy (a
+    worker that dies takes nothing with it). The server listens on the address this
+    host reaches the scheduler from, so remote workers can reach it too.
+    """
 
     def __init__(self, channels: Channels, client: Client):
-        self._client = client
-        self._params = Variable(channels.weights, client=client)
+        self._server = WeightServer(address_towards(client.scheduler.address))
         self._version = Variable(channels.weights_version, client=client)
-        self._future = None
 
     def send(self, version: int, params: Any) -> None:
-        # In a list: scatter would make a future per entry of a bare dict.
-        [future] = self._client.scatter([{"version": version, "params": params}], hash=False)
-        self._params.set(future)
-        self._version.set(version)
-        self._future = future  # the previous version is released once replaced
+        self._server.serve(version, params_to_bytes(params))
+        self._version.set({"version": version, "url": self._server.url(version)})
+
+    def close(self) -> None:
+        self._server.close()
 
 
 class WeightSource(Background):
@@ -88,6 +95,12 @@ class WeightSource(Background):
         with self._cond:
             self._cond.wait_for(lambda: self.failed or not (self._pending or self._sending))
         self.raise_if_failed()
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Sends the version waiting, if any, then stops publishing."""
+        stopped = super().stop(timeout_s)
+        self._transport.close()
+        return stopped
 
     def _run(self) -> None:
         while True:

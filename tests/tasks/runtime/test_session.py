@@ -34,6 +34,9 @@ class Transport:
             raise ConnectionError("scheduler gone")
         self.sent.append(version)
 
+    def close(self):
+        pass
+
 
 class InProcessActors:
     """The exchange and the actors' work in one fake: a thread that plays every prompt dispatched

@@ -1,6 +1,6 @@
 """The weight source: versions, cadence and publishing in the background, alone (a fake
-transport stands for Dask) and over a real Dask cluster (one fetch per version per worker
-process, failures surfaced to the learner)."""
+transport stands for the network) and over a real Dask cluster with the learner's weight
+server (one fetch per version per worker process, failures surfaced to the learner)."""
 
 import threading
 
@@ -10,7 +10,7 @@ from distributed import Client, LocalCluster, get_client
 
 from tasks.actors.weights import WeightSubscriber
 from tasks.buffer.channels import Channels
-from tasks.runtime.weights import DaskTransport, WeightSource
+from tasks.runtime.weights import HttpTransport, WeightSource
 
 
 class FakeTransport:
@@ -24,6 +24,9 @@ class FakeTransport:
         self.sending.set()
         assert self.hold.wait(10)
         self.sent.append((version, params["w"].tolist()))
+
+    def close(self):
+        pass
 
 
 def test_a_version_every_interval_steps_counted_from_the_restored_one():
@@ -79,6 +82,9 @@ def test_a_failed_send_is_raised_at_the_learners_next_call():
         def send(self, version, params):
             raise ConnectionError("scheduler gone")
 
+        def close(self):
+            pass
+
     source = WeightSource(Broken(), interval=1).start()
     source.publish({"w": np.ones(1)})
     with pytest.raises(RuntimeError, match="weight-publisher failed: ConnectionError"):
@@ -97,7 +103,7 @@ def client():
 
 def test_published_version_is_visible_to_subscribers_over_dask(client):
     channels = Channels("visible")
-    source = WeightSource(DaskTransport(channels, client), interval=1, version=2).start()
+    source = WeightSource(HttpTransport(channels, client), interval=1, version=2).start()
     source.publish({"w": np.full(4, 3.0)})
     source.wait()
     version, params = WeightSubscriber(channels, client).latest()
@@ -115,7 +121,7 @@ def _actor(_):
 
 
 def test_actors_of_a_process_share_one_loaded_copy_per_version(client):
-    source = WeightSource(DaskTransport(Channels("shared"), client), interval=1).start()
+    source = WeightSource(HttpTransport(Channels("shared"), client), interval=1).start()
     source.publish({"w": np.zeros(3)}, new_version=False)
     source.wait()
     assert client.gather(client.map(_actor, range(4), pure=False)) == [[0, 0, 0]] * 4
@@ -125,3 +131,34 @@ def test_actors_of_a_process_share_one_loaded_copy_per_version(client):
     assert client.gather(client.map(_actor, range(4, 8), pure=False)) == [[1, 1, 1]] * 4
     assert len(LOADS) == 2
     source.stop()
+
+
+def _kill_worker():
+    import os
+
+    os._exit(1)
+
+
+def test_weights_survive_the_death_of_any_dask_worker():
+    """The learner serves the weights itself: no worker holds the only copy, so a worker
+    that dies (as a fault test kills one) leaves every actor able to fetch them."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        channels = Channels("survive")
+        source = WeightSource(HttpTransport(channels, client), interval=1).start()
+        source.publish({"w": np.full(2, 5.0)}, new_version=False)
+        source.wait()
+        workers = list(client.scheduler_info()["workers"])
+        try:
+            client.run(_kill_worker, workers=workers[:1])
+        except Exception:
+            pass
+        survivor = workers[1]
+        fetched = client.submit(_latest, channels, workers=[survivor], pure=False).result(timeout=60)
+        assert fetched == (0, [5.0, 5.0])
+        source.stop()
+
+
+def _latest(channels):
+    version, params = WeightSubscriber(channels, get_client()).latest()
+    return version, params["w"].tolist()
