@@ -71,7 +71,8 @@ def canned_actor(actor: int, channels: Channels, checks: EntryChecks, inline_byt
     writer.hello()
     while (message := prompts.get()) is not None:
         for prompt in map(Prompt.from_wire, message):
-            writer.put(dataclasses.replace(group, prompt_id=prompt.id, attempt=prompt.attempt))
+            writer.add(dataclasses.replace(group, prompt_id=prompt.id, attempt=prompt.attempt))
+        writer.flush()
 
 
 def learner_overhead(client: Client, steps: int, learner_cores: set[int], host_cores: set[int]) -> list[dict]:

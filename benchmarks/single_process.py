@@ -1,7 +1,11 @@
-"""The floor for the cost of decoupling: sampling and training in one process, no Dask or Prefect.
+"""The floor: a synchronous GRPO loop in one process, no Dask or Prefect.
 
-Same model, same GRPO batch, same environment code as `tandem run`; prints the success
-curve and the wall time to the target. Usage:
+The same model, environment code, batch, loss and optimizer as `tandem run` of the spec:
+each step plays `learner.batch_groups` groups at once through one batched engine (every
+episode of the batch in one decode call), trains on those that pass the entry filters,
+and loads the new weights into the engine. It prints the success curve and the wall time
+from the first step to the target (the mean success of the finished groups over the last
+`--window` steps), as `tandem run` records it. Usage:
 
     python benchmarks/single_process.py specs/guess-number.yaml [--set path=value ...] [--target 0.9]
 """
@@ -13,30 +17,64 @@ import asyncio
 import json
 import time
 
-import jax
 import numpy as np
 
 from flows.spec import load_spec
 from learner.batching import batch_of_groups
 from learner.sharding import make_mesh
 from learner.train import TrainStep, init_train_state, params_numpy
-from tasks.buffer.prompts import PromptSource
 from tasks.actors.envs import resolve_entrypoint
-from tasks.buffer.filters import resolve_filter
+from tasks.actors.generation import local_generation
 from tasks.actors.rollout import GroupRunner
+from tasks.buffer.filters import resolve_filter
+from tasks.buffer.prompts import PromptSource
 
 
-async def collect(runner, source, filters, n, params, version, key, seed):
-    """`n` groups that pass the entry checks, and the success rate of all groups made."""
-    groups, outcomes = [], []
-    while len(groups) < n:
-        prompts = [source.next() for _ in range(n - len(groups))]
-        keys = [jax.random.fold_in(jax.random.fold_in(key, p.id), p.attempt) for p in prompts]
-        made = [await runner.run(p.id, p.text, p.attempt, params, version, k) for p, k in zip(prompts, keys)]
+async def play(runner, prompts, envs) -> list:
+    return await asyncio.gather(*(runner.run(p.id, p.text, p.attempt, e) for p, e in zip(prompts, envs)))
+
+
+def collect(runner, source, filters, envs, n) -> tuple[list, list]:
+    """`n` groups that pass the entry checks, and the success of every episode played."""
+    kept, outcomes = [], []
+    while len(kept) < n:
+        made = asyncio.run(play(runner, [source.next() for _ in range(n - len(kept))], envs))
         made = [g for g in made if not g.aborted]
         outcomes += [s.success for g in made for s in g.samples if s.success is not None]
-        groups += [g for g in made if all(f(g) for f in filters)]
-    return groups, float(np.mean(outcomes)) if outcomes else 0.0
+        kept += [g for g in made if all(f(g) for f in filters)]
+    return kept, outcomes
+
+
+def train(spec, target: float, window: int, budget_s: float, log_every: int = 10) -> dict:
+    env_class = resolve_entrypoint(spec.env.entrypoint)
+    source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
+    filters = [resolve_filter(f) for f in spec.buffer.filters]
+    envs = [[env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)]
+            for _ in range(spec.learner.batch_groups)]
+    mesh = make_mesh(spec.learner.mesh)
+    state = init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh)
+    train_step = TrainStep(spec.model, spec.learner, mesh)
+    actors = spec.actors.model_copy(update={"slots": spec.learner.batch_groups * spec.actors.group_size})
+    curve, start = [], None
+    with local_generation(spec.model, actors, params_numpy(state)) as service:
+        runner = GroupRunner.build(service.generate, spec.env, actors, spec.model, spec.seed)
+        for step in range(1, spec.learner.steps + 1):
+            groups, outcomes = collect(runner, source, filters, envs, spec.learner.batch_groups)
+            for state, metrics in train_step.updates(state, batch_of_groups(groups, spec.learner)):
+                pass
+            service.load(step, params_numpy(state))
+            start = start or time.perf_counter()  # from the end of the first step, as `tandem run` counts
+            curve.append({"step": step, "time": time.perf_counter() - start,
+                          "success": float(np.mean(outcomes)) if outcomes else 0.0, "entropy": metrics["entropy"]})
+            recent = float(np.mean([c["success"] for c in curve[-window:]]))
+            if step % log_every == 0:
+                print(f"step {step} t={curve[-1]['time']:.1f}s success(last {window}) {recent:.2f} "
+                      f"entropy {metrics['entropy']:.2f}", flush=True)
+            if len(curve) >= window and recent >= target:
+                return {"target": target, "step": step, "seconds": curve[-1]["time"]}
+            if curve[-1]["time"] > budget_s:
+                break
+    return {"target": target, "step": None, "seconds": None}
 
 
 def main() -> None:
@@ -44,35 +82,11 @@ def main() -> None:
     parser.add_argument("spec")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--target", type=float, default=0.9)
-    parser.add_argument("--window", type=int, default=5, help="steps averaged for the target")
+    parser.add_argument("--window", type=int, default=20, help="steps averaged for the target")
+    parser.add_argument("--seconds", type=float, default=480.0, help="budget after the first step")
     args = parser.parse_args()
     spec = load_spec(args.spec, args.overrides)
-    env_class = resolve_entrypoint(spec.env.entrypoint)
-    runner = GroupRunner.build(env_class, spec.env, spec.actors, spec.model)
-    source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed)
-    filters = [resolve_filter(f) for f in spec.buffer.filters]
-    mesh = make_mesh(spec.learner.mesh)
-    state = init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh)
-    train_step = TrainStep(spec.model, spec.learner, mesh)
-    key, version = jax.random.PRNGKey(spec.seed), 0
-    params = jax.device_put(params_numpy(state))
-    start, curve = time.perf_counter(), []
-    for step in range(1, spec.learner.steps + 1):
-        groups, success = asyncio.run(
-            collect(runner, source, filters, spec.learner.batch_groups, params, version, key, spec.seed))
-        state, metrics = train_step(state, batch_of_groups(groups, spec.learner))
-        curve.append({"step": step, "time": time.perf_counter() - start, "success": success,
-                      "entropy": metrics["entropy"]})
-        if step % spec.sync.interval == 0:
-            version += 1
-            params = jax.device_put(params_numpy(state))
-        recent = np.mean([c["success"] for c in curve[-args.window:]])
-        if step % 10 == 0:
-            print(f"step {step} t={curve[-1]['time']:.1f}s success(last {args.window}) {recent:.2f} entropy {metrics['entropy']:.2f}", flush=True)
-        if len(curve) >= args.window and recent >= args.target:
-            print(json.dumps({"target": args.target, "step": step, "seconds": curve[-1]["time"]}))
-            return
-    print(json.dumps({"target": args.target, "step": None, "seconds": None}))
+    print(json.dumps(train(spec, args.target, args.window, args.seconds)))
 
 
 if __name__ == "__main__":

@@ -70,16 +70,6 @@ class Group:
         """The size of the group's arrays: what decides how it travels to the learner."""
         return sum(s.tokens.nbytes + s.logprobs.nbytes + s.versions.nbytes for s in self.samples)
 
-    def to_wire(self) -> bytes:
-        """The group as one pickled blob. A message (Dask's, say) carries bytes as one frame,
-        where it would split the group itself into a frame per array: for small groups,
-        about 3× the cost to receive."""
-        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
-
-    @staticmethod
-    def from_wire(wire: bytes) -> "Group":
-        return pickle.loads(wire)
-
     @functools.cached_property  # the learner asks at every take; the samples never change
     def oldest_version(self) -> int:
         """Minimum version over all generated tokens of all samples (README, "Versions, staleness, the buffer")."""
@@ -97,3 +87,14 @@ class Group:
         """Staleness split into (gained in flight, gained in the queue)."""
         arrival = self.oldest_version if self.arrival_version is None else self.arrival_version
         return arrival - self.oldest_version, current_version - arrival
+
+
+def groups_to_wire(groups: list[Group]) -> bytes:
+    """Groups as one pickled blob. A message (Dask's, say) carries bytes as one frame, where
+    it would split the groups themselves into a frame per array: for small groups, about
+    3x the cost to receive."""
+    return pickle.dumps(groups, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def groups_from_wire(wire: bytes) -> list[Group]:
+    return pickle.loads(wire)

@@ -32,9 +32,13 @@ class DataConfig(Frozen):
 
 
 class ActorsConfig(Frozen):
+    """The actors: Dask worker processes, each running one actor task that plays up to
+    `actors` groups at once through one batched generation engine of `slots` decode slots."""
+
     cluster: str = "local"  # "local" (a LocalCluster of processes), "tcp://host:8786", or "module:Class"
-    workers: PositiveInt = 2  # Dask worker processes of the local cluster
-    actors: PositiveInt | None = None  # concurrent actors; None = one per worker
+    workers: PositiveInt = 2  # actor processes: Dask workers, one actor task each
+    actors: PositiveInt = 16  # groups each actor process plays at once
+    slots: PositiveInt = 128  # decode slots of each process's engine: episodes generating together
     group_size: int = Field(8, ge=2)  # episodes per prompt (the GRPO group)
     max_new_tokens: PositiveInt = 16  # tokens per action (one turn of the agent)
     temperature: PositiveFloat = 1.0
@@ -59,7 +63,13 @@ class ActorsConfig(Frozen):
 
     @property
     def n_actors(self) -> int:
-        return self.actors or self.workers
+        """Actor tasks: one per worker process."""
+        return self.workers
+
+    @property
+    def groups_at_once(self) -> int:
+        """Groups played at once over all actor processes."""
+        return self.workers * self.actors
 
 
 class BufferConfig(Frozen):

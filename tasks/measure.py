@@ -32,6 +32,7 @@ from learner.trajectory import OBSERVATION, Group, Sample
 from tasks.buffer.prompts import PromptSource
 from tasks.actors.envs import resolve_entrypoint
 from tasks.buffer.filters import resolve_filter
+from tasks.actors.generation import local_generation
 from tasks.actors.rollout import GroupRunner
 
 
@@ -95,26 +96,28 @@ def measure_env(spec, steps: int, seed: int) -> list[float]:
 
 
 def measure_groups(spec, n: int, warmup: int, seed: int) -> list[tuple[Group, float, int]]:
-    """`n` groups played as an actor plays them (latency off, compiles excluded): (group, seconds, turns)."""
+    """`n` groups played one at a time as an actor plays them (latency off, compiles
+    excluded): (group, seconds, turns)."""
     env_class = resolve_entrypoint(spec.env.entrypoint)
     no_latency = spec.env.model_copy(update={"latency_s": 0.0})
-    runner = GroupRunner.build(env_class, no_latency, spec.actors, spec.model)
     source = PromptSource(spec.data, env_class, spec.env.kwargs, seed)
-    params = jax.device_put(jax.device_get(init_params(spec.model, seed)))
-    key, out = jax.random.PRNGKey(seed), []
-    for i in range(warmup + n):
-        prompt = source.next()
-        play = functools.partial(runner.run, prompt.id, prompt.text, 0, params, 0, jax.random.fold_in(key, i))
-        if i >= warmup:
-            # An actor compiles each sampler shape once per process; a group that met a new
-            # shape would count that compile as its compute. The replay timed below has the
-            # same key, so the same shapes, all compiled by now.
-            asyncio.run(play())
-        start = time.perf_counter()
-        group = asyncio.run(play())
-        seconds = time.perf_counter() - start
-        if i >= warmup:
-            out.append((group, seconds, _turns(group, spec.env.max_turns)))
+    envs = [env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)]
+    out = []
+    with local_generation(spec.model, spec.actors, jax.device_get(init_params(spec.model, seed))) as service:
+        runner = GroupRunner.build(service.generate, no_latency, spec.actors, spec.model, seed)
+        for i in range(warmup + n):
+            prompt = source.next()
+            play = functools.partial(runner.run, prompt.id, prompt.text, 0, envs)
+            if i >= warmup:
+                # An actor compiles each engine shape once per process; a group that met a
+                # new shape would count that compile as its compute. The replay timed below
+                # draws the same tokens, so meets the same shapes, all compiled by now.
+                asyncio.run(play())
+            start = time.perf_counter()
+            group = asyncio.run(play())
+            seconds = time.perf_counter() - start
+            if i >= warmup:
+                out.append((group, seconds, _turns(group, spec.env.max_turns)))
     return out
 
 

@@ -7,10 +7,9 @@ import sys
 import jax
 
 from flows.spec import parse_spec
-from learner.chat import make_tokenizer
 from learner.model import init_params
-from learner.sampling import Sampler
 from tasks.actors.envs import resolve_entrypoint
+from tasks.actors.generation import local_generation
 from tasks.actors.rollout import GroupRunner
 from tests.conftest import ROOT
 
@@ -27,12 +26,10 @@ def test_worked_example_environment_plays_a_group(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = parse_spec(spec_text)
     env_class = resolve_entrypoint(spec.env.entrypoint)
-    tokenizer = make_tokenizer(spec.model)
-    runner = GroupRunner([env_class(**spec.env.kwargs) for _ in range(4)],
-                         Sampler(spec.model, stop_ids=tokenizer.stop_ids), tokenizer, spec.env,
-                         spec.actors.model_copy(update={"group_size": 4}))
     prompt = env_class(**spec.env.kwargs).task(__import__("random").Random(0))
-    group = asyncio.run(runner.run(0, prompt, 0, init_params(spec.model, 0), 0, jax.random.PRNGKey(0)))
+    with local_generation(spec.model, spec.actors, jax.device_get(init_params(spec.model, 0))) as service:
+        runner = GroupRunner.build(service.generate, spec.env, spec.actors, spec.model)
+        group = asyncio.run(runner.run(0, prompt, 0, [env_class(**spec.env.kwargs) for _ in range(4)]))
     assert group.aborted is None and len(group.samples) == 4
     assert all(s.success is not None for s in group.samples)
     sys.modules.pop("my_envs.parity", None)

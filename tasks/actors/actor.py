@@ -1,27 +1,35 @@
-"""The actor: a long-running Dask task that turns prompts into groups in the buffer."""
+"""The actor: a long-running Dask task, one per worker process, that turns prompts into
+groups in the buffer, playing up to `actors.actors` groups at once.
+
+All the groups a process plays share its generation service (one batched engine) and one
+weight follower, whichever actor tasks of the session run there. The event loop plays the
+episodes; blocking Dask calls (reading prompts, sending to the buffer) run in threads so
+that no episode waits on them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import dataclasses
 import threading
 import time
 
-import jax
-from distributed import Event, Queue, get_client
+from distributed import Client, Event, Queue, get_client
 
 from learner.config import ModelConfig
+from tasks.actors.envs import resolve_entrypoint
+from tasks.actors.generation import GenerationService, make_engine
+from tasks.actors.rollout import GroupRunner
+from tasks.actors.weights import WeightFollower
 from tasks.buffer.channels import Channels
+from tasks.buffer.filters import resolve_filter
+from tasks.buffer.prompts import Prompt
 from tasks.buffer.writer import BufferWriter, EntryChecks
 from tasks.config import ActorsConfig, BufferConfig, EnvConfig
-from tasks.buffer.prompts import Prompt
-from tasks.actors.envs import resolve_entrypoint
-from tasks.buffer.filters import resolve_filter
-from tasks.actors.rollout import GroupRunner
-from tasks.actors.weights import WeightSubscriber
 
-
-_CLIENT_LOCK = threading.Lock()
+FLUSH_S = 0.01  # finished groups wait at most about this long to be sent together
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,43 +45,103 @@ class ActorSetup:
 
 
 def run_actor(actor_id: int, setup: ActorSetup) -> dict:
-    """Loops prompt -> group (latest weights) -> buffer until the session stops.
+    """Plays prompts until the session stops; returns the actor's timings (every hop timed).
 
-    The learner stops actors by setting the stop event and sending each a `None` prompt.
-    Returns the actor's timings (cleanba-style: every hop timed).
-    """
-    with _CLIENT_LOCK:  # actors sharing a worker must not create its client concurrently
-        client = get_client()
-    channels = setup.channels
-    prompts = Queue(channels.prompts(actor_id), client=client)
-    stop = Event(channels.stop, client=client)
-    weights = WeightSubscriber(channels, client, load=jax.device_put)
-    checks = EntryChecks({name: resolve_filter(name) for name in setup.buffer.filters},
-                         vocab_size=setup.model.vocab_size, max_len=setup.model.max_len)
-    writer = BufferWriter(actor_id, channels, client, checks, setup.buffer.inline_bytes)
-    writer.hello()
-    runner = GroupRunner.build(resolve_entrypoint(setup.env.entrypoint), setup.env, setup.actors, setup.model)
-    base_key = jax.random.PRNGKey(setup.seed)
-    stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "params_get_s": 0.0, "queue_put_s": 0.0}
-    while (message := prompts.get()) is not None:  # a message: the prompts of one dispatch
-        for wire in message:
-            if stop.is_set():
-                return stats
-            _play(Prompt.from_wire(wire), runner, weights, writer, base_key, stats)
-    return stats
+    The learner stops actors by setting the stop event and sending each a `None` prompt."""
+    client = get_client()
+    with process_generation(setup, client) as (service, follower):
+        actor = _Actor(actor_id, setup, client, service, follower)
+        return asyncio.run(actor.run())
 
 
-def _play(prompt: Prompt, runner: GroupRunner, weights: WeightSubscriber, writer: BufferWriter,
-          base_key: jax.Array, stats: dict) -> None:
-    start = time.perf_counter()
-    version, params = weights.latest()
-    stats["params_get_s"] += time.perf_counter() - start
-    key = jax.random.fold_in(jax.random.fold_in(base_key, prompt.id), prompt.attempt)
-    start = time.perf_counter()
-    group = asyncio.run(runner.run(prompt.id, prompt.text, prompt.attempt, params, version,
-                                   key, refresh=weights.latest))
-    stats["rollout_s"] += time.perf_counter() - start
-    start = time.perf_counter()
-    writer.put(dataclasses.replace(group, arrival_version=weights.version()))
-    stats["queue_put_s"] += time.perf_counter() - start
-    stats["groups"] += 1
+_SHARED: dict[str, list] = {}  # session -> [service, follower, users]
+_SHARED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def process_generation(setup: ActorSetup, client: Client):
+    """This process's generation service and weight follower for the session, started by
+    the first actor task that needs them and stopped when the last one leaves."""
+    session = setup.channels.session
+    with _SHARED_LOCK:
+        if session not in _SHARED:
+            service = GenerationService(make_engine(setup.model, setup.actors)).start()
+            follower = WeightFollower(setup.channels, client, service.load).start()
+            _SHARED[session] = [service, follower, 0]
+        shared = _SHARED[session]
+        shared[2] += 1
+    try:
+        yield shared[0], shared[1]
+    finally:
+        with _SHARED_LOCK:
+            shared[2] -= 1
+            if not shared[2]:
+                del _SHARED[session]
+                shared[1].stop()
+                shared[0].stop()
+
+
+class _Actor:
+    def __init__(self, actor_id: int, setup: ActorSetup, client: Client, service: GenerationService,
+                 follower: WeightFollower):
+        self.id, self.setup, self.service, self.follower = actor_id, setup, service, follower
+        self.prompts = Queue(setup.channels.prompts(actor_id), client=client)
+        self.stop = Event(setup.channels.stop, client=client)
+        checks = EntryChecks({name: resolve_filter(name) for name in setup.buffer.filters},
+                             vocab_size=setup.model.vocab_size, max_len=setup.model.max_len)
+        self.writer = BufferWriter(actor_id, setup.channels, client, checks, setup.buffer.inline_bytes)
+        env_class = resolve_entrypoint(setup.env.entrypoint)
+        # One environment per episode played at once, reused through `reset`.
+        self.envs = [[env_class(**setup.env.kwargs) for _ in range(setup.actors.group_size)]
+                     for _ in range(setup.actors.actors)]
+        self.runner = GroupRunner.build(service.generate, setup.env, setup.actors, setup.model, setup.seed)
+        self.stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "queue_put_s": 0.0}
+
+    async def run(self) -> dict:
+        loop = asyncio.get_running_loop()
+        # Blocking environments' calls run in threads: enough for every episode at once.
+        episodes = self.setup.actors.actors * self.setup.actors.group_size
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(min(256, episodes + 4)))
+        await asyncio.to_thread(self.writer.hello)
+        await asyncio.to_thread(self.follower.wait_first)
+        flusher = asyncio.create_task(self._flush_every(FLUSH_S))
+        playing: set[asyncio.Task] = set()
+        try:
+            while (message := await asyncio.to_thread(self.prompts.get)) is not None:
+                if await asyncio.to_thread(self.stop.is_set):
+                    break
+                for wire in message:
+                    await self._start(Prompt.from_wire(wire), playing)
+        finally:
+            for task in playing:
+                task.cancel()
+            flusher.cancel()
+        return self.stats
+
+    async def _start(self, prompt: Prompt, playing: set) -> None:
+        """Starts playing `prompt` once an environment set is free."""
+        while not self.envs:
+            await asyncio.wait(playing, return_when=asyncio.FIRST_COMPLETED)
+        envs = self.envs.pop()
+        task = asyncio.create_task(self._play(prompt, envs))
+        playing.add(task)
+        task.add_done_callback(playing.discard)
+
+    async def _play(self, prompt: Prompt, envs: list) -> None:
+        pin = self.follower.latest if self.setup.actors.on_sync != "retract" else None
+        start = time.perf_counter()
+        try:
+            group = await self.runner.run(prompt.id, prompt.text, prompt.attempt, envs, pin)
+        finally:
+            self.envs.append(envs)
+        self.stats["rollout_s"] += time.perf_counter() - start
+        self.stats["groups"] += 1
+        self.writer.add(dataclasses.replace(group, arrival_version=self.service.version))
+
+    async def _flush_every(self, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            if self.writer.pending:
+                start = time.perf_counter()
+                await asyncio.to_thread(self.writer.flush)
+                self.stats["queue_put_s"] += time.perf_counter() - start

@@ -34,9 +34,9 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
         return
     if config.cluster == "local":
         env = {**{k: v for k, v in os.environ.items() if k.startswith("PREFECT_")}, **ACTOR_ENV}
-        # A thread per actor: an actor is a task that runs for the whole session.
-        threads = -(-config.n_actors // config.workers)
-        cluster = LocalCluster(n_workers=config.workers, threads_per_worker=threads, processes=True,
+        # One thread for the worker's actor task, which runs for the whole session, and
+        # one for other work (an evaluation, say).
+        cluster = LocalCluster(n_workers=config.workers, threads_per_worker=2, processes=True,
                                dashboard_address=None, env=env)
     else:
         cluster = cluster_class(config.cluster)(**config.cluster_kwargs)

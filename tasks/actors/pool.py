@@ -16,7 +16,10 @@ class ActorPool:
         self.futures: list = []
 
     def start(self) -> None:
-        self.futures = [self.client.submit(run_actor, i, self.setup, pure=False,
+        """One actor per worker while there are enough: each process has one engine."""
+        workers = sorted(self.client.scheduler_info()["workers"])
+        self.futures = [self.client.submit(run_actor, i, self.setup, pure=False, allow_other_workers=True,
+                                           workers=[workers[i % len(workers)]] if workers else None,
                                            key=f"actor-{i}-{self.setup.channels.session}")
                         for i in range(self.n_actors)]
 

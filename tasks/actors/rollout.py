@@ -1,9 +1,14 @@
-"""One group: `group_size` multi-turn episodes of one prompt, played in lockstep.
+"""One group: `group_size` multi-turn episodes of one prompt, each a coroutine of its own.
 
-Each turn the policy writes an action for every running episode in one batched
-generation, then all their environment steps run concurrently (a slow tool call
-does not serialise the group). Every generated token records its log-prob and the
-version of the weights that produced it; observation tokens record version -1.
+An episode asks the process's generation service for each action (so every episode the
+process plays decodes in one batch), then steps its environment; while it waits on a slow
+tool it holds no decode slot, and its siblings go on. Every generated token records its
+log-prob and the version of the weights that produced it; observation tokens record -1.
+
+Which weights a group uses follows `actors.on_sync` (README, "Versions, staleness, the
+buffer"): "retract" follows the latest (the engine switches at a check boundary and
+recomputes the cache), "finish" keeps the version the group started with, "abort" keeps it
+too and drops the group if a newer one is published before an action completes.
 """
 
 from __future__ import annotations
@@ -13,15 +18,17 @@ import dataclasses
 import inspect
 import random
 import time
+from typing import Any, Awaitable, Callable
 
-import jax
 import numpy as np
 
 from learner.chat import ChatTokenizer, make_tokenizer
 from learner.config import ModelConfig
-from learner.sampling import Refresh, Sampler
+from learner.engine import Completion, Request
 from learner.trajectory import OBSERVATION, Group, Sample
 from tasks.config import ActorsConfig, EnvConfig
+
+Generate = Callable[[Request], Awaitable[Completion]]
 
 
 class EpisodeAborted(Exception):
@@ -30,148 +37,98 @@ class EpisodeAborted(Exception):
 
 @dataclasses.dataclass
 class _Episode:
-    env: object
     tokens: list[int]
     logprobs: list[float]
     versions: list[int]
     reward: float = 0.0
-    done: bool = False
     success: bool | None = None
-    action_start: int = 0  # index of the first token of the latest action
 
     def observe(self, ids: list[int]) -> None:
         self.tokens += ids
         self.logprobs += [0.0] * len(ids)
         self.versions += [OBSERVATION] * len(ids)
 
+    def act(self, completion: Completion) -> None:
+        self.tokens += completion.tokens.tolist()
+        self.logprobs += completion.logprobs.tolist()
+        self.versions += completion.versions.tolist()
 
-async def _call(method, *args):
-    """Runs a sync env method in a thread, or awaits an async one."""
-    if inspect.iscoroutinefunction(method):
-        return await method(*args)
-    return await asyncio.to_thread(method, *args)
-
-
-@dataclasses.dataclass
-class _Policy:
-    """The weights a group is being played with, and when they were last checked."""
-
-    params: object
-    version: int
-    refresh: Refresh | None
-    since_check: int = 0  # tokens decoded since the published version was last read
-
-    def due(self, every: int) -> bool:
-        return self.refresh is not None and self.since_check >= every
-
-    def check(self, on_sync: str) -> None:
-        latest, params = self.refresh()
-        self.since_check = 0
-        if latest == self.version:
-            return
-        if on_sync == "abort":
-            raise EpisodeAborted(f"version {latest} published mid-episode (on_sync: abort)")
-        self.version, self.params = latest, params
+    def sample(self) -> Sample:
+        return Sample(np.array(self.tokens, np.int32), np.array(self.logprobs, np.float32),
+                      np.array(self.versions, np.int32), self.reward, self.success)
 
 
 @dataclasses.dataclass
 class GroupRunner:
-    """Plays groups with one actor's environments, sampler and configuration."""
+    """Plays groups with a process's generation service, tokenizer and the spec's settings."""
 
-    envs: list
-    sampler: Sampler
+    generate: Generate
     tokenizer: ChatTokenizer
     env_config: EnvConfig
     actors_config: ActorsConfig
+    max_len: int  # the model's context window
+    seed: int = 0
     _rng: random.Random = dataclasses.field(default_factory=random.Random, repr=False)  # latencies
 
     @classmethod
-    def build(cls, env_class: type, env: EnvConfig, actors: ActorsConfig, model: ModelConfig) -> "GroupRunner":
-        """A runner of `actors.group_size` instances of `env_class(**env.kwargs)`, with the
-        model's sampler and tokenizer."""
-        tokenizer = make_tokenizer(model)
-        return cls(envs=[env_class(**env.kwargs) for _ in range(actors.group_size)],
-                   sampler=Sampler(model, stop_ids=tokenizer.stop_ids), tokenizer=tokenizer,
-                   env_config=env, actors_config=actors)
+    def build(cls, generate: Generate, env: EnvConfig, actors: ActorsConfig, model: ModelConfig,
+              seed: int = 0) -> "GroupRunner":
+        return cls(generate, make_tokenizer(model), env, actors, model.max_len, seed)
 
-    async def run(self, prompt_id: int, prompt: str, attempt: int, params, version: int,
-                  key: jax.Array, refresh: Refresh | None = None) -> Group:
-        """Plays the group with `params` (of `version`); `refresh()` -> the latest published
-        (version, params), consulted every `actors.sync_check_tokens` tokens (`actors.on_sync`)."""
+    async def run(self, prompt_id: int, prompt: str, attempt: int, envs: list,
+                  pin: tuple[int, Any] | None = None) -> Group:
+        """Plays `prompt` once in each of `envs`; `pin` = (version, params) for on_sync
+        "finish" and "abort" (the weights the group started with), None to follow the latest."""
         started = time.time()
-        policy = _Policy(params, version, refresh)
         try:
-            episodes = await asyncio.wait_for(
-                self._play(prompt, policy, key), self.env_config.episode_timeout_s)
-            aborted = None
-        except (asyncio.TimeoutError, TimeoutError):
-            episodes, aborted = [], f"timeout after {self.env_config.episode_timeout_s}s"
+            async with asyncio.timeout(self.env_config.episode_timeout_s):
+                episodes = await _all(self._episode(env, prompt, (prompt_id, attempt, i), pin)
+                                      for i, env in enumerate(envs))
+            samples, aborted = tuple(e.sample() for e in episodes), None
+        except TimeoutError:
+            samples, aborted = (), f"timeout after {self.env_config.episode_timeout_s}s"
         except EpisodeAborted as e:
-            episodes, aborted = [], str(e)
-        samples = tuple(
-            Sample(np.array(e.tokens, np.int32), np.array(e.logprobs, np.float32),
-                   np.array(e.versions, np.int32), e.reward, e.success)
-            for e in episodes)
+            samples, aborted = (), str(e)
         return Group(prompt_id, prompt, samples, started, time.time(), attempt=attempt, aborted=aborted)
 
-    async def _play(self, prompt: str, policy: "_Policy", key: jax.Array) -> list[_Episode]:
-        first = await asyncio.gather(*(self._env_call(env.reset, prompt) for env in self.envs))
-        start = self.tokenizer.start()
-        episodes = [_Episode(env, list(start), [0.0] * len(start), [OBSERVATION] * len(start))
-                    for env in self.envs]
-        for episode, obs in zip(episodes, first):
-            episode.observe(self._encode(obs, first=True))
-        for _ in range(self.env_config.max_turns):
-            running = [e for e in episodes if not e.done]
-            if not running:
-                return episodes
-            key, turn_key = jax.random.split(key)
-            await self._act(running, policy, turn_key)
-            results = await asyncio.gather(*(self._step(e) for e in running))
-            for episode, (obs, reward, done, info) in zip(running, results):
-                self._check_reward(reward)
-                episode.reward += float(reward)
-                episode.done = bool(done)
-                if "success" in info:
-                    episode.success = bool(info["success"])
-                if not done:
-                    episode.observe(self._encode(obs, first=False))
-        if any(not e.done for e in episodes):
-            raise EpisodeAborted(f"max_turns ({self.env_config.max_turns}) reached without finishing")
-        return episodes
+    async def _episode(self, env, prompt: str, ids: tuple[int, int, int], pin) -> _Episode:
+        episode = _Episode(*[list(x) for x in _start(self.tokenizer)])
+        episode.observe(self._encode(await self._env_call(env.reset, prompt), first=True))
+        for turn in range(self.env_config.max_turns):
+            completion = await self._act(episode, _request_key(self.seed, *ids, turn), pin)
+            episode.act(completion)
+            obs, reward, done, info = await self._step(env, self.tokenizer.decode(completion.tokens))
+            episode.reward += float(reward)
+            if "success" in info:
+                episode.success = bool(info["success"])
+            if done:
+                return episode
+            episode.observe(self._encode(obs, first=False))
+        raise EpisodeAborted(f"max_turns ({self.env_config.max_turns}) reached without finishing")
 
-    async def _act(self, running: list[_Episode], policy: "_Policy", key: jax.Array) -> None:
-        limit = self.sampler.max_len
-        if any(len(e.tokens) >= limit for e in running):
-            raise EpisodeAborted(f"episode longer than the context window (model.max_len={limit})")
-        config = self.actors_config
-        if policy.due(config.sync_check_tokens) and config.on_sync != "finish":
-            # A turn boundary is a chunk boundary: the next prefill recomputes the cache.
-            await asyncio.to_thread(policy.check, config.on_sync)
-        # Generate in a thread so that the actor's event loop stays responsive.
-        generation = await asyncio.to_thread(
-            self.sampler.generate, policy.params, [e.tokens for e in running],
-            max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-            top_k=config.top_k, top_p=config.top_p, key=key, version=policy.version,
-            refresh=policy.refresh, check_every=config.sync_check_tokens, on_sync=config.on_sync)
-        if generation.aborted:
-            raise EpisodeAborted(f"version {generation.version} published mid-generation (on_sync: abort)")
-        policy.params, policy.version = generation.params, generation.version
-        policy.since_check += max(len(t) for t in generation.tokens)
-        for episode, ids, lps, versions in zip(running, generation.tokens, generation.logprobs,
-                                               generation.versions):
-            episode.action_start = len(episode.tokens)
-            episode.tokens += ids.tolist()
-            episode.logprobs += lps.tolist()
-            episode.versions += versions.tolist()
+    async def _act(self, episode: _Episode, key: np.ndarray, pin) -> Completion:
+        if len(episode.tokens) >= self.max_len:
+            raise EpisodeAborted(f"episode longer than the context window (model.max_len={self.max_len})")
+        version, params = pin if pin is not None else (None, None)
+        completion = await self.generate(Request(np.array(episode.tokens, np.int32), self.actors_config.max_new_tokens,
+                                                 key, version=version, params=params))
+        if completion.newer and self.actors_config.on_sync == "abort":
+            raise EpisodeAborted(f"a version newer than {completion.versions[0]} was published mid-episode "
+                                 "(on_sync: abort)")
+        return completion
 
-    async def _step(self, episode: _Episode):
-        action = self.tokenizer.decode(episode.tokens[episode.action_start:])
+    async def _step(self, env, action: str):
         if self.env_config.latency_s:
             await asyncio.sleep(self._latency())
-        result = await self._env_call(episode.env.step, action)
+        result = await self._env_call(env.step, action)
         if not (isinstance(result, tuple) and len(result) == 4):
             raise EpisodeAborted(f"env.step must return (obs, reward, done, info), got {result!r:.100}")
+        reward = result[1]
+        # A non-finite number is recorded and excluded as `invalid` at the buffer's entry.
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise EpisodeAborted(f"env error: reward must be a number, got {reward!r:.60}")
+        if not isinstance(result[3], dict):
+            raise EpisodeAborted(f"env error: info must be a dict, got {type(result[3]).__name__}")
         return result
 
     def _latency(self) -> float:
@@ -185,10 +142,11 @@ class GroupRunner:
     async def _env_call(self, method, *args):
         timeout = self.env_config.step_timeout_s
         try:
-            return await asyncio.wait_for(_call(method, *args), timeout)
-        except (asyncio.TimeoutError, TimeoutError):
+            async with asyncio.timeout(timeout):
+                return await call_env(method, *args)
+        except TimeoutError:
             raise EpisodeAborted(f"env step timeout after {timeout}s") from None
-        except EpisodeAborted:
+        except (EpisodeAborted, asyncio.CancelledError):
             raise
         except Exception as e:  # an environment's failure aborts the group, never the actor
             raise EpisodeAborted(f"env error: {type(e).__name__}: {e}") from e
@@ -201,8 +159,36 @@ class GroupRunner:
         except ValueError as e:
             raise EpisodeAborted(f"observation {obs!r:.60}: {e}") from None
 
-    @staticmethod
-    def _check_reward(reward) -> None:
-        # A non-finite number is recorded and excluded as `invalid` at the buffer's entry.
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            raise EpisodeAborted(f"env error: reward must be a number, got {reward!r:.60}")
+
+async def call_env(method, *args):
+    """Awaits an async env method; runs a plain one inline if its class declares
+    `blocking = False` (pure computation: a thread hop would cost more than the step),
+    else in a thread, so that a slow tool call does not stall the other episodes."""
+    if inspect.iscoroutinefunction(method):
+        return await method(*args)
+    if not getattr(method.__self__, "blocking", True):
+        return method(*args)
+    return await asyncio.to_thread(method, *args)
+
+
+async def _all(coroutines) -> list:
+    """Every result, or the first exception with the others cancelled (an aborted group's
+    other episodes stop at once, freeing their slots and environments)."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _start(tokenizer: ChatTokenizer) -> tuple[list[int], list[float], list[int]]:
+    start = tokenizer.start()
+    return start, [0.0] * len(start), [OBSERVATION] * len(start)
+
+
+def _request_key(seed: int, prompt_id: int, attempt: int, episode: int, turn: int) -> np.ndarray:
+    """The PRNG key data of one action: a function of where it is played, not of when or
+    beside what, so a replayed prompt draws the same tokens."""
+    word0 = (seed * 0x9E3779B1 + prompt_id * 0x85EBCA77 + attempt) & 0xFFFFFFFF
+    return np.array([word0, (episode << 16) | turn], np.uint32)

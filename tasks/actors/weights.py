@@ -1,5 +1,9 @@
-"""The actors' end of weight publishing (`tasks.runtime.weights`): the latest published
-(version, params), fetched from the learner's weight server when the version changes."""
+"""The actors' end of weight publishing (`tasks.runtime.weights`): a thread that follows the
+published version and fetches each new one from the learner's weight server.
+
+One follower per actor process and session: the version is polled (one small scheduler
+round trip every `poll_s`), never asked per group, and a version's bytes are fetched once.
+"""
 
 from __future__ import annotations
 
@@ -11,45 +15,53 @@ from typing import Any, Callable
 from distributed import Client, Variable
 
 from learner.serialization import params_from_bytes
+from tasks.background import Background
 from tasks.buffer.channels import Channels
 
 FETCH_TIMEOUT_S = 60.0  # one version's bytes from the learner
+POLL_S = 0.05
 
 
-class WeightSubscriber:
-    """The latest published weights, as `load(params)` makes them (e.g. on the device).
+class WeightFollower(Background):
+    """Calls `on_new(version, params)` (host NumPy params) for each new version published."""
 
-    Actors that share a worker process share one copy per version: it is fetched and
-    loaded once, by whichever asks first.
-    """
-
-    _shared: dict[str, tuple[int, Any]] = {}  # channel -> (version, loaded params)
-    _lock = threading.Lock()
-
-    def __init__(self, channels: Channels, client: Client, load: Callable[[Any], Any] = lambda params: params):
-        self._name, self._load = channels.weights_version, load
+    def __init__(self, channels: Channels, client: Client, on_new: Callable[[int, Any], None], poll_s: float = POLL_S):
+        super().__init__("tandem-weight-follower")
         self._variable = Variable(channels.weights_version, client=client)
+        self._on_new, self._poll_s = on_new, poll_s
+        self._first = threading.Event()
+        self.latest: tuple[int, Any] | None = None  # (version, params) last handed on
 
-    def latest(self, timeout: float | None = None) -> tuple[int, Any]:
-        """(version, params) last published; fetched only when the version changed."""
-        published = self._variable.get(timeout=timeout)
-        with self._lock:  # one fetch per version per process; the others wait for it
-            cached = self._shared.get(self._name)
-            if cached is None or cached[0] != published["version"]:
-                params = self._load(params_from_bytes(_fetch(published["url"])))
-                cached = self._shared[self._name] = (published["version"], params)
-                while len(self._shared) > 4:  # sessions past, on a long-lived worker
-                    self._shared.pop(next(iter(self._shared)))
-        return cached
+    def wait_first(self, timeout_s: float = 300.0) -> tuple[int, Any]:
+        """The first version, once it is loaded; raises if the follower failed or timed out."""
+        while not self._first.wait(0.2):
+            self.raise_if_failed()
+            timeout_s -= 0.2
+            if timeout_s <= 0:
+                raise TimeoutError("no weights were published")
+        return self.latest
 
-    def version(self) -> int:
-        """The version last published, without fetching its params."""
-        return self._variable.get()["version"]
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            published = self._variable.get(timeout=30.0)
+            data = None
+            if self.latest is None or published["version"] != self.latest[0]:
+                data = _fetch(published["url"])  # None: superseded meanwhile; the next poll finds its successor
+            if data is not None:
+                params = params_from_bytes(data)
+                self._on_new(published["version"], params)
+                self.latest = (published["version"], params)
+                self._first.set()
+            self._stopping.wait(self._poll_s)
 
 
-def _fetch(url: str) -> bytes:
+def _fetch(url: str) -> bytes | None:
     try:
         with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:
             return response.read()
+    except urllib.error.HTTPError as e:
+        if e.code == 404:  # the server keeps only the latest version
+            return None
+        raise ConnectionError(f"cannot fetch weights from the learner at {url}: {e}") from e
     except urllib.error.URLError as e:
         raise ConnectionError(f"cannot fetch weights from the learner at {url}: {e}") from e

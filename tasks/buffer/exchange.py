@@ -16,7 +16,7 @@ import contextlib
 
 from distributed import Client, Future, Queue, wait
 
-from learner.trajectory import Group
+from learner.trajectory import Group, groups_from_wire
 from tasks.background import Background
 from tasks.buffer.channels import Channels
 from tasks.buffer.intake import IntakeRules
@@ -26,8 +26,8 @@ IDLE_MIN_S, IDLE_MAX_S = 0.005, 0.08  # the pause between looks, busy or idle
 EXCHANGE_TIMEOUT_S = 120.0  # one cycle: past this the exchange fails, loudly
 FETCH_TIMEOUT_S = 15.0  # past this, a group's data counts as lost
 
-# An item taken from the Dask queue: (its future's key, its group). An inline group has no
-# key and is still pickled (bytes); a future's group is None if its data was lost.
+# An item taken from the Dask queue: (its future's key, its group). Inline groups have no
+# key and are still pickled together (bytes); a future's group is None if its data was lost.
 Fetched = tuple[str | None, Group | bytes | None]
 
 
@@ -41,7 +41,7 @@ class Exchange(Background):
         self._queue = Queue(channels.buffer, client=client, maxsize=capacity)
         self._reports = Queue(channels.reports, client=client)
         self._prompts = [Queue(channels.prompts(a), client=client) for a in range(len(rules.held))]
-        self._queued = 0  # groups reported buffered and not yet fetched: at most those queued
+        self._queued = 0  # items reported put and not yet fetched: at most those in the Dask queue
 
     def release(self) -> None:
         for queue in (self._queue, self._reports, *self._prompts):
@@ -75,11 +75,13 @@ class Exchange(Background):
     async def _cycle(self, n: int) -> list[Fetched]:
         """One look at the queues: `n` groups from the buffer together with the actors'
         reports; then the prompts that the reports make room for."""
-        reports, items = await asyncio.gather(self._reports.get(batch=True), self._get_groups(n))
-        for report in reports:
-            self._reader.stats.reported(report)
-            self._queued += report["event"] == "buffered"
-            self._rules.on_report(report)
+        messages, items = await asyncio.gather(self._reports.get(batch=True), self._get_groups(n))
+        for message in messages:  # one per flush of an actor: what it put, then its reports
+            self._queued += message["items"]
+            self._reader.stats.blocked(message.get("blocked_s", 0.0))
+            for report in message["reports"]:
+                self._reader.stats.reported(report)
+                self._rules.on_report(report)
         messages = self._rules.dispatch(self._reader.clock.visible)
         await asyncio.gather(*(self._prompts[actor].put([p.to_wire() for p in prompts])
                                for actor, prompts in messages.items()))
@@ -89,14 +91,14 @@ class Exchange(Background):
         """`n` items from the Dask queue, in arrival order; inline groups stay pickled, to be
         unpickled off the event loop.
 
-        `n` counts only groups reported buffered, so the get never blocks: this is the
-        queue's only consumer, and an actor reports a group after putting it.
+        `n` counts only items reported put, so the get never blocks: this is the queue's
+        only consumer, and an actor reports what it put after putting it.
         Every wait is bounded: a future whose worker died mid-fetch turns "lost", and Dask
         then waits for it forever (its data was scattered, so nothing can recompute it).
         """
         if not n:
             return []
-        items = await self._queue.get(batch=n)  # inline groups (bytes) and futures
+        items = await self._queue.get(batch=n)  # inline groups (bytes, several each) and futures
         futures = [item for item in items if isinstance(item, Future)]
         pending = [f for f in futures if f.status == "pending"]  # its state not reported yet
         if pending:
@@ -116,5 +118,10 @@ class Exchange(Background):
         for key, group in items:
             if key is not None:
                 self._rules.on_fetch(key, lost=group is None)
-        groups = [Group.from_wire(g) if isinstance(g, bytes) else g for _, g in items if g is not None]
-        self._reader.arrive(groups, self._queued)
+        groups = []
+        for _, item in items:
+            if isinstance(item, bytes):
+                groups += groups_from_wire(item)
+            elif item is not None:
+                groups.append(item)
+        self._reader.arrive(groups)

@@ -154,10 +154,16 @@ class IntakeRules:
         event, actor = report["event"], report["actor"]
         if event == "hello":
             self._hellos[actor] += 1
-            if self._hellos[actor] > 1 and self.held[actor]:
-                # A restarted actor lost the message it was working on: the oldest it held.
-                for prompt_id, attempt in self.held[actor].popleft():
-                    self.log(f"actor {actor} restarted; prompt {prompt_id} attempt {attempt} is lost")
+            if self._hellos[actor] > 1:
+                # A restarted actor lost every group it was playing (it plays several messages'
+                # prompts at once); prompts of messages it had not yet read are lost too: it
+                # may play them, but their groups are not trained (`on_take`), only the retries.
+                lost = [key for message in self.held[actor] for key in message]
+                self.held[actor].clear()
+                if lost:
+                    self.log(f"actor {actor} restarted; {len(lost)} attempts it held are lost "
+                             f"(prompts {sorted(p for p, _ in lost)[:10]}...)")
+                for prompt_id, attempt in lost:
                     self.exclude(prompt_id, attempt, "lost")
             return
         key = (report["id"], report["attempt"])

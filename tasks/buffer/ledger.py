@@ -64,6 +64,11 @@ class Ledger:
         with self._lock:
             self.retried += 1
 
+    @property
+    def in_buffer(self) -> int:
+        """Attempts whose group is in the buffer."""
+        return self._states[BUFFERED]
+
     def is_open(self, prompt_id: int, attempt: int) -> bool:
         with self._lock:
             return (prompt_id, attempt) in self._open

@@ -49,7 +49,6 @@ class BufferReader:
         self.wake = threading.Event()  # set by a take or a starved learner: the exchange looks now
         self._local: collections.deque[Group] = collections.deque()
         self._ready = threading.Condition()
-        self._queued = 0  # groups reported buffered and not yet fetched (the exchange's count)
         self._starved = False
 
     # The exchange's side.
@@ -60,11 +59,10 @@ class BufferReader:
     def starved(self) -> bool:
         return self._starved
 
-    def arrive(self, groups: list[Group], queued: int) -> None:
-        """Adds fetched groups in arrival order; `queued`: groups still in the Dask queue."""
+    def arrive(self, groups: list[Group]) -> None:
+        """Adds fetched groups, in arrival order."""
         with self._ready:
             self._local.extend(groups)
-            self._queued = queued
             self._ready.notify_all()
 
     def interrupt(self) -> None:
@@ -75,8 +73,8 @@ class BufferReader:
     # The learner's side.
     @property
     def depth(self) -> int:
-        """Groups in the buffer: in the Dask queue plus fetched ones not yet taken."""
-        return self._queued + len(self._local)
+        """Groups in the buffer: in the Dask queue or fetched, not yet taken."""
+        return self.rules.ledger.in_buffer
 
     def take(self, n: int) -> list[Group]:
         """The next `n` groups in arrival order that pass the exit check at the current version."""
@@ -113,7 +111,7 @@ class BufferReader:
                 if time.perf_counter() - logged > STARVED_LOG_S:
                     logged = time.perf_counter()
                     self.rules.log(f"the learner has waited {logged - start:.0f}s for groups: "
-                                   f"{self._queued} in the Dask queue, {self.rules.accounting()}")
+                                   f"{self.rules.accounting()}")
         finally:
             self._starved = False
             self.stats.waited(time.perf_counter() - start)

@@ -31,11 +31,15 @@ class IntakeStats:
         self._lock = threading.Lock()
         self._counts = IntakeCounts()
 
+    def blocked(self, seconds: float) -> None:
+        """An actor's time blocked on a full buffer."""
+        with self._lock:
+            self._counts.blocked_s += seconds
+
     def reported(self, report: dict) -> None:
-        """An actor's report: its time blocked on a full buffer and its episodes' outcomes."""
+        """An actor's report: its episodes' outcomes."""
         with self._lock:
             c = self._counts
-            c.blocked_s += report.get("blocked_s", 0.0)
             if "episodes" in report:
                 c.episodes += report["episodes"]
                 c.reward_sum += report["reward_sum"]

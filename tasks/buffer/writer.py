@@ -1,18 +1,20 @@
 """The actors' end of the buffer: entry checks, then a blocking put (backpressure).
 
-A group up to `buffer.inline_bytes` is put into the `distributed.Queue` itself, pickled
-into one message; a larger one stays on its actor's worker as a future whose key is put.
-Each put or exclusion is reported to the learner on the reports queue.
+Groups up to `buffer.inline_bytes` are put into the `distributed.Queue` itself, the small
+groups of one flush pickled together into one item; a larger one stays on its actor's
+worker as a future whose key is put. Each flush then reports what it put and what the
+entry checks excluded to the learner, in one message on the reports queue.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 from distributed import Client, Queue, get_worker
 
-from learner.trajectory import Group
+from learner.trajectory import Group, groups_to_wire
 from tasks.buffer.channels import Channels
 from tasks.buffer.filters import Filter
 from tasks.buffer.validation import invalid_reason
@@ -28,46 +30,80 @@ class EntryChecks:
 
 
 class BufferWriter:
-    """An actor's end of the buffer."""
+    """An actor's end of the buffer: groups are checked as they finish, and sent together
+    at each `flush` (one queue item for all the small ones, and one reports message), so
+    the scheduler sees two messages per flush, not two per group.
+
+    `add` and `flush` may run on different threads (the actor's event loop, a thread that
+    may block on a full buffer).
+    """
 
     def __init__(self, actor: int, channels: Channels, client: Client, checks: EntryChecks,
                  inline_bytes: int):
         self._actor, self._client, self._checks, self._inline_bytes = actor, client, checks, inline_bytes
         self._queue = Queue(channels.buffer, client=client)
         self._reports = Queue(channels.reports, client=client)
+        self._lock = threading.Lock()
+        self._groups: list[Group] = []  # passed the entry checks, not yet sent
+        self._excluded: list[dict] = []
 
     def hello(self) -> None:
         """Tells the learner this actor (re)started: what a restarted actor held is lost."""
-        self._reports.put({"event": "hello", "actor": self._actor})
+        self._reports.put({"items": 0, "reports": [{"event": "hello", "actor": self._actor}]})
 
-    def put(self, group: Group) -> float:
-        """Puts `group` unless an entry check excludes it; returns the seconds blocked on a full buffer."""
-        if group.aborted:
-            return self._report(group, "excluded", reason="aborted", detail=group.aborted)
-        invalid = invalid_reason(group, vocab_size=self._checks.vocab_size, max_len=self._checks.max_len)
-        if invalid:
-            return self._report(group, "excluded", reason="invalid", detail=invalid)
-        for name, keep in self._checks.filters.items():
-            if not keep(group):
-                return self._report(group, "excluded", reason="filtered", detail=name, **outcomes(group))
-        group.oldest_version  # cached, so computed here and pickled with the group, not in `take`
-        if group.nbytes <= self._inline_bytes:
-            item, key = group.to_wire(), None
-        else:
-            item = self._client.scatter(group, workers=[get_worker().address], hash=False)
-            key = item.key
+    @property
+    def pending(self) -> int:
+        """Groups and exclusions not yet sent."""
+        return len(self._groups) + len(self._excluded)
+
+    def add(self, group: Group) -> None:
+        """Checks `group` at the buffer's entry; it is sent (or its exclusion reported) at the next flush."""
+        reason = self._exclusion(group)
+        with self._lock:
+            if reason is None:
+                group.oldest_version  # cached, so computed here and pickled with the group, not in `take`
+                self._groups.append(group)
+            else:
+                self._excluded.append(self._report(group, "excluded", reason=reason[0], detail=reason[1]))
+
+    def flush(self) -> float:
+        """Sends what was added: the groups (blocking while the buffer is full), then the
+        reports. Returns the seconds blocked on a full buffer."""
+        with self._lock:
+            groups, reports, self._groups, self._excluded = self._groups, self._excluded, [], []
+        small = [g for g in groups if g.nbytes <= self._inline_bytes]
+        large = [g for g in groups if g.nbytes > self._inline_bytes]
+        futures = [self._client.scatter(g, workers=[get_worker().address], hash=False) for g in large]
+        items = ([groups_to_wire(small)] if small else []) + futures  # a large group stays on this worker
         # No timeout: a timed-out queue op is logged as an error by the scheduler. The
         # learner drains the buffer when it stops, so a blocked put always returns.
         start = time.perf_counter()
-        self._queue.put(item)
+        for item in items:
+            self._queue.put(item)
         blocked = time.perf_counter() - start
-        self._report(group, "buffered", blocked_s=blocked, key=key, **outcomes(group))
+        reports += [self._report(g, "buffered") for g in small]
+        reports += [self._report(g, "buffered", key=f.key) for g, f in zip(large, futures)]
+        if reports:
+            self._reports.put({"items": len(items), "blocked_s": blocked, "reports": reports})
         return blocked
 
-    def _report(self, group: Group, event: str, **fields) -> float:
-        self._reports.put({"event": event, "actor": self._actor, "id": group.prompt_id,
-                           "attempt": group.attempt, **fields})
-        return 0.0
+    def _exclusion(self, group: Group) -> tuple[str, str] | None:
+        """(reason, detail) if an entry check excludes `group`."""
+        if group.aborted:
+            return "aborted", group.aborted
+        invalid = invalid_reason(group, vocab_size=self._checks.vocab_size, max_len=self._checks.max_len)
+        if invalid:
+            return "invalid", invalid
+        for name, keep in self._checks.filters.items():
+            if not keep(group):
+                return "filtered", name
+        return None
+
+    def _report(self, group: Group, event: str, **fields) -> dict:
+        report = {"event": event, "actor": self._actor, "id": group.prompt_id, "attempt": group.attempt, **fields}
+        if event == "buffered" or fields.get("reason") == "filtered":  # episodes that played to their end
+            report.update(outcomes(group))
+        return report
 
 
 def outcomes(group: Group) -> dict:

@@ -63,7 +63,7 @@ def intake_rules(spec: RunSpec, log) -> IntakeRules:
     source = PromptSource(spec.data, resolve_entrypoint(spec.env.entrypoint), spec.env.kwargs, spec.seed)
     pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
                 updates_per_batch=spec.learner.updates_per_batch, synchronous=spec.learner.mode == "sync",
-                outstanding=outstanding_bound(spec.buffer.capacity, spec.actors.n_actors, spec.learner.batch_groups))
+                outstanding=outstanding_bound(spec.buffer.capacity, spec.actors.groups_at_once, spec.learner.batch_groups))
     return IntakeRules(spec.buffer, Ledger(), source, pace, spec.actors.n_actors, log=log)
 
 

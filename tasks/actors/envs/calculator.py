@@ -30,6 +30,8 @@ TOOL_CALL = "="
 
 
 class Calculator:
+    blocking = False  # pure computation: called on the actor's event loop, not in a thread
+
     def __init__(self, ops: str = "+-*", max_steps: int = 3, tool_bonus: float = 0.1):
         if not ops or set(ops) - set(OPS):
             raise ValueError(f"ops must be a non-empty subset of {''.join(OPS)!r}, got {ops!r}")

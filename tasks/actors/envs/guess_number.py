@@ -17,6 +17,8 @@ import string
 
 
 class GuessNumber:
+    blocking = False  # pure computation: called on the actor's event loop, not in a thread
+
     def __init__(self, values: int = 12, max_guesses: int = 4):
         if not 2 <= values <= 26:
             raise ValueError(f"values must be in 2..26, got {values}")

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from learner.config import ModelConfig, TokenizerConfig
-from learner.model import init_params
-from learner.sampling import Sampler
 from learner.chat import make_tokenizer
+from learner.model import init_params
 from learner.trajectory import OBSERVATION
 from tasks.config import ActorsConfig, EnvConfig
+from tasks.actors.generation import GenerationService, make_engine
 from tasks.actors.rollout import GroupRunner
 from tasks.buffer.validation import invalid_reason
 
@@ -58,13 +58,25 @@ def params():
     return jax.device_get(init_params(MODEL, 0))
 
 
-def play(env_factory, params, version=0, refresh=None, group_size=3, max_turns=4, timeout=30.0,
-         step_timeout_s=None, **actors):
-    runner = GroupRunner([env_factory() for _ in range(group_size)], Sampler(MODEL),
-                         make_tokenizer(MODEL),
-                         EnvConfig(max_turns=max_turns, episode_timeout_s=timeout, step_timeout_s=step_timeout_s),
-                         ActorsConfig(group_size=group_size, max_new_tokens=2, **actors))
-    return asyncio.run(runner.run(7, "p", 1, params, version, jax.random.PRNGKey(0), refresh=refresh))
+def service_with(params, version=0, **actors):
+    service = GenerationService(make_engine(MODEL, ActorsConfig(slots=16, max_new_tokens=2, **actors))).start()
+    service.load(version, params)
+    return service
+
+
+def runner_for(service, max_turns=4, timeout=30.0, step_timeout_s=None, **actors):
+    return GroupRunner(service.generate, make_tokenizer(MODEL),
+                       EnvConfig(max_turns=max_turns, episode_timeout_s=timeout, step_timeout_s=step_timeout_s),
+                       ActorsConfig(max_new_tokens=2, **actors), MODEL.max_len, seed=0)
+
+
+def play(env_factory, params, version=0, group_size=3, pin=None, **settings):
+    service = service_with(params, version)
+    try:
+        runner = runner_for(service, **settings)
+        return asyncio.run(runner.run(7, "p", 1, [env_factory() for _ in range(group_size)], pin))
+    finally:
+        service.stop()
 
 
 def test_group_records_tokens_logprobs_and_versions(params):
@@ -77,6 +89,26 @@ def test_group_records_tokens_logprobs_and_versions(params):
         assert np.all(s.logprobs[s.generated] < 0) and np.all(s.logprobs[~s.generated] == 0)
         assert s.versions[0] == OBSERVATION and s.success is True
     assert group.oldest_version == 3 and invalid_reason(group, vocab_size=MODEL.vocab_size, max_len=32) is None
+
+
+def test_a_group_plays_the_same_alone_or_beside_others(params):
+    """Each action's randomness is a function of where it is played (seed, prompt, attempt,
+    episode, turn), not of the groups beside it in the engine's batch."""
+    service = service_with(params)
+    try:
+        runner = runner_for(service)
+        alone = asyncio.run(runner.run(7, "p", 1, [Countdown(3) for _ in range(3)]))
+
+        async def crowd():
+            return await asyncio.gather(*(runner.run(i, "p", 1, [Countdown(3) for _ in range(3)])
+                                          for i in range(3, 12)))
+
+        beside = {g.prompt_id: g for g in asyncio.run(crowd())}[7]
+    finally:
+        service.stop()
+    for a, b in zip(alone.samples, beside.samples):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
 def test_async_environments_work(params):
@@ -107,30 +139,49 @@ def test_nan_reward_is_recorded_and_found_invalid(params):
     assert "not finite" in invalid_reason(group, vocab_size=MODEL.vocab_size, max_len=32)
 
 
-def test_retract_switches_weights_between_turns(params):
-    new = jax.tree.map(lambda x: x * 1.5, params)
-    group = play(lambda: Countdown(turns=3), params, version=0, refresh=lambda: (1, new),
-                 sync_check_tokens=1, on_sync="retract")
-    versions = [set(s.versions[s.generated].tolist()) for s in group.samples]
-    assert all(v == {0, 1} for v in versions)
+class Publishes(Countdown):
+    """Publishes version 1 into `service` at its first step (as the learner would, mid-episode)."""
+
+    service = None
+
+    def step(self, action):
+        if self.left == self.turns:
+            self.service.load(1, self.new_params)
+        return super().step(action)
+
+
+def play_across_a_publish(params, on_sync):
+    service = service_with(params, sync_check_tokens=1)
+    Publishes.service, Publishes.new_params = service, jax.tree.map(lambda x: x * 1.5, params)
+    try:
+        runner = runner_for(service, on_sync=on_sync, sync_check_tokens=1)
+        pin = None if on_sync == "retract" else (0, params)
+        return asyncio.run(runner.run(7, "p", 1, [Publishes(turns=3) for _ in range(3)], pin))
+    finally:
+        service.stop()
+
+
+def test_retract_follows_the_new_version_for_later_actions(params):
+    group = play_across_a_publish(params, "retract")
+    for s in group.samples:
+        versions = s.versions[s.generated].tolist()
+        assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
     assert group.oldest_version == 0 and group.staleness(1) == 1
 
 
-def test_finish_keeps_the_weights_of_the_episode_start(params):
-    group = play(lambda: Countdown(turns=3), params, refresh=lambda: (1, params),
-                 sync_check_tokens=1, on_sync="finish")
+def test_finish_keeps_the_weights_of_the_group_start(params):
+    group = play_across_a_publish(params, "finish")
+    assert group.aborted is None
     assert all(set(s.versions[s.generated].tolist()) == {0} for s in group.samples)
 
 
 def test_abort_drops_the_group_on_a_new_version(params):
-    group = play(lambda: Countdown(turns=3), params, refresh=lambda: (1, params),
-                 sync_check_tokens=1, on_sync="abort")
-    assert "on_sync: abort" in group.aborted
+    assert "on_sync: abort" in play_across_a_publish(params, "abort").aborted
 
 
 @pytest.mark.parametrize("dist", ["fixed", "uniform", "exponential"])
 def test_latency_distributions_keep_their_mean(dist):
-    runner = GroupRunner([], None, None, EnvConfig(latency_s=0.2, latency_dist=dist), ActorsConfig())
+    runner = GroupRunner(None, None, EnvConfig(latency_s=0.2, latency_dist=dist), ActorsConfig(), 16)
     runner._rng.seed(0)
     draws = np.array([runner._latency() for _ in range(20_000)])
     assert abs(draws.mean() - 0.2) < 0.01 and draws.min() >= 0

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tasks.actors import sandbox
-from tasks.actors.sandbox import Limits
+from tasks.actors.sandbox import Limits, cgroup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 UNPRIVILEGED = 12345  # a uid no one uses, for the sandbox's non-root mode
@@ -27,10 +27,10 @@ def tree_limits(request, monkeypatch):
     """Runs a test with the run's cgroups (where this machine has them) and with the
     fallback used without them (RLIMIT_NPROC, the init's memory polling)."""
     if request.param == "cgroups":
-        if sandbox._cgroup_setup().error:
+        if cgroup._cgroup_setup().error:
             pytest.skip(f"no cgroups here: {sandbox.cgroups()}")
     else:
-        monkeypatch.setattr(sandbox, "_cgroup_setup", lambda: sandbox._CgroupSetup(error="disabled by the test"))
+        monkeypatch.setattr(cgroup, "_cgroup_setup", lambda: cgroup._CgroupSetup(error="disabled by the test"))
     return request.param
 
 

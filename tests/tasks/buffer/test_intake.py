@@ -147,18 +147,20 @@ def test_one_dispatch_sends_one_message_per_actor():
     assert [list(h) for h in r.held] == [[[(0, 0), (2, 0), (4, 0)]], [[(1, 0), (3, 0)]]]
 
 
-def test_restarted_actor_loses_only_the_message_it_was_working_on():
+def test_restarted_actor_loses_every_attempt_it_held():
+    """An actor plays the prompts of several messages at once: when it restarts, every
+    attempt it held is lost and retried, those of messages it had not read yet too."""
     r = rules(n_actors=1, outstanding=3)
     r.on_report({"event": "hello", "actor": 0})
     p0, p1, p2 = r.dispatch(version=0)[0]  # one message
     r.on_report({"event": "buffered", "actor": 0, "id": p0.id, "attempt": 0})
     r.on_take(group(p0.id, sample(0)), version=0)
     [p3] = r.dispatch(version=0)[0]  # a second message
-    r.on_report({"event": "hello", "actor": 0})  # it died working on p1, with p2 in hand
+    r.on_report({"event": "hello", "actor": 0})  # it died playing p1, p2 and p3
     acc = r.accounting()
-    assert acc["excluded"] == {"lost": 2} and acc["in_flight"] == 1 and acc["waiting"] == 2
-    assert list(r.held[0]) == [[(p3.id, 0)]]
-    assert r.dispatch(version=0)[0] == [Prompt(p1.id, p1.text, attempt=1), Prompt(p2.id, p2.text, attempt=1)]
+    assert acc["excluded"] == {"lost": 3} and acc["in_flight"] == 0 and acc["waiting"] == 3
+    assert list(r.held[0]) == []
+    assert r.dispatch(version=0)[0] == [Prompt(p.id, p.text, attempt=1) for p in (p1, p2, p3)]
 
 
 def test_a_group_put_just_before_its_actor_restarted_is_not_trained_besides_its_retry():

@@ -59,7 +59,7 @@ class InProcessActors:
                     report = {"event": "buffered", "actor": actor, "id": p.id, "attempt": p.attempt, **outcomes(group)}
                     self.reader.stats.reported(report)
                     self.rules.on_report(report)
-                    self.reader.arrive([group], queued=0)
+                    self.reader.arrive([group])
             self.reader.wake.wait(0.01)
             self.reader.wake.clear()
 

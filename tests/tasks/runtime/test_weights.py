@@ -3,12 +3,13 @@ transport stands for the network) and over a real Dask cluster with the learner'
 server (one fetch per version per worker process, failures surfaced to the learner)."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_client
 
-from tasks.actors.weights import WeightSubscriber
+from tasks.actors.weights import WeightFollower
 from tasks.buffer.channels import Channels
 from tasks.runtime.weights import HttpTransport, WeightSource
 
@@ -101,35 +102,28 @@ def client():
         yield client
 
 
-def test_published_version_is_visible_to_subscribers_over_dask(client):
+def follow(channels, client, **kwargs):
+    """A follower that records every version handed on."""
+    seen = []
+    follower = WeightFollower(channels, client, lambda v, p: seen.append((v, p["w"].tolist())), **kwargs)
+    return follower.start(), seen
+
+
+def test_published_versions_reach_a_follower_over_the_learners_server(client):
     channels = Channels("visible")
     source = WeightSource(HttpTransport(channels, client), interval=1, version=2).start()
     source.publish({"w": np.full(4, 3.0)})
     source.wait()
-    version, params = WeightSubscriber(channels, client).latest()
-    assert version == 3 and params["w"].tolist() == [3.0] * 4
-    assert WeightSubscriber(channels, client).version() == 3
-    source.stop()
-
-
-LOADS = []  # module-level: tasks are pickled by reference to it
-
-
-def _actor(_):
-    subscriber = WeightSubscriber(Channels("shared"), get_client(), load=lambda p: LOADS.append(1) or p)
-    return [subscriber.latest()[0] for _ in range(3)]
-
-
-def test_actors_of_a_process_share_one_loaded_copy_per_version(client):
-    source = WeightSource(HttpTransport(Channels("shared"), client), interval=1).start()
-    source.publish({"w": np.zeros(3)}, new_version=False)
+    follower, seen = follow(channels, client, poll_s=0.01)
+    assert follower.wait_first(30)[0] == 3 and seen == [(3, [3.0] * 4)]
+    source.publish({"w": np.full(4, 4.0)})
     source.wait()
-    assert client.gather(client.map(_actor, range(4), pure=False)) == [[0, 0, 0]] * 4
-    assert len(LOADS) == 1
-    source.publish({"w": np.ones(3)})
-    source.wait()
-    assert client.gather(client.map(_actor, range(4, 8), pure=False)) == [[1, 1, 1]] * 4
-    assert len(LOADS) == 2
+    deadline = time.monotonic() + 30
+    while len(seen) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert seen == [(3, [3.0] * 4), (4, [4.0] * 4)]  # each version once, in order
+    follower.stop()
     source.stop()
 
 
@@ -160,5 +154,7 @@ def test_weights_survive_the_death_of_any_dask_worker():
 
 
 def _latest(channels):
-    version, params = WeightSubscriber(channels, get_client()).latest()
+    follower = WeightFollower(channels, get_client(), lambda v, p: None).start()
+    version, params = follower.wait_first(30)
+    follower.stop()
     return version, params["w"].tolist()

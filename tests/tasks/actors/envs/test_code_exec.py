@@ -5,12 +5,11 @@ import jax
 import pytest
 
 from flows.spec import load_spec
-from learner.chat import make_tokenizer
 from learner.model import init_params
-from learner.sampling import Sampler
 from tasks.actors import sandbox
 from tasks.actors.envs import code_exec, resolve_entrypoint
 from tasks.actors.envs.code_exec import CodeExec
+from tasks.actors.generation import local_generation
 from tasks.actors.rollout import GroupRunner
 
 # What a uniformly random policy writes with the spec's tokenizer (specs/code-exec.yaml):
@@ -101,9 +100,9 @@ def test_async_step_through_the_group_runner():
     spec = load_spec("specs/code-exec.yaml", ["model.d_model=16", "model.n_layers=1", "model.d_ff=32",
                                               "actors.group_size=4"])
     envs = [resolve_entrypoint(spec.env.entrypoint)(**spec.env.kwargs) for _ in range(spec.actors.group_size)]
-    tokenizer = make_tokenizer(spec.model)
-    runner = GroupRunner(envs, Sampler(spec.model, stop_ids=tokenizer.stop_ids), tokenizer, spec.env, spec.actors)
-    group = asyncio.run(runner.run(0, "target=7", 0, init_params(spec.model, 0), 3, jax.random.PRNGKey(0)))
+    with local_generation(spec.model, spec.actors, jax.device_get(init_params(spec.model, 0)), version=3) as service:
+        runner = GroupRunner.build(service.generate, spec.env, spec.actors, spec.model)
+        group = asyncio.run(runner.run(0, "target=7", 0, envs))
     assert group.aborted is None and len(group.samples) == spec.actors.group_size
     for sample in group.samples:
         assert sample.success is not None and sample.reward == float(sample.success)

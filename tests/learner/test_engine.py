@@ -1,0 +1,217 @@
+import jax
+import numpy as np
+import pytest
+
+from learner.config import ModelConfig, TokenizerConfig
+from learner.engine import Completion, Engine, Request, admit, decode
+from learner.model import forward_fn, init_params
+from learner.sampling import SamplingParams
+
+CONFIG = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_len=16,
+                     tokenizer=TokenizerConfig(alphabet="abcdef"))
+SAMPLING = SamplingParams()  # temperature 1, no filter: log-probs are the model's own
+SLOTS = 4  # one slot count for most tests: each count compiles its own shapes
+_forward = jax.jit(forward_fn(CONFIG))
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(CONFIG, seed=0), init_params(CONFIG, seed=1)
+
+
+def _engine(params, *, slots, stop_ids=(), check_every=16, config=CONFIG) -> Engine:
+    engine = Engine(config, slots=slots, sampling=SAMPLING, stop_ids=stop_ids, check_every=check_every)
+    engine.load(0, params)
+    return engine
+
+
+def _requests(n: int, seed: int = 0) -> list[Request]:
+    """Varied contexts (1..8 tokens) and lengths (1..8 new tokens, all fit), each with its own key."""
+    rng = np.random.default_rng(seed)
+    return [Request(rng.integers(1, CONFIG.vocab_size, rng.integers(1, 9)).astype(np.int32),
+                    max_new_tokens=int(rng.integers(1, 9)), key=jax.random.key(100 + i)) for i in range(n)]
+
+
+def _drain(engine: Engine) -> dict[int, Completion]:
+    done = {}
+    while not engine.idle:
+        for completion in engine.step():
+            assert completion.id not in done
+            done[completion.id] = completion
+    return done
+
+
+def _run(engine: Engine, requests: list[Request]) -> list[Completion]:
+    """Submits `requests` together and steps until they all complete; their completions, in order."""
+    ids = [engine.submit(r) for r in requests]
+    done = _drain(engine)
+    return [done[i] for i in ids]
+
+
+def _next_token_logp(params, context, tokens) -> np.ndarray:
+    """[k, V] log-probs of each new token's position by a no-cache forward over the whole sequence
+    (padded to the window, which the causal mask hides from it: one compile)."""
+    sequence = np.concatenate([context, tokens])
+    padded = np.pad(sequence, (0, CONFIG.max_len - len(sequence))).astype(np.int32)[None]
+    logits = _forward(params, padded, np.arange(CONFIG.max_len)[None], np.ones_like(padded))
+    return np.asarray(jax.nn.log_softmax(logits[0]))[len(context) - 1: len(sequence) - 1]
+
+
+def _full_forward_logprobs(params, context, tokens) -> np.ndarray:
+    """log_softmax(logits)[token] of each new token, by `_next_token_logp`."""
+    return np.take_along_axis(_next_token_logp(params, context, tokens), np.asarray(tokens)[:, None], 1)[:, 0]
+
+
+def test_a_request_generates_the_same_alone_or_among_others(params):
+    requests = _requests(12)
+    alone = _engine(params[0], slots=1)
+    solo = [_run(alone, [r])[0] for r in requests]
+    for first in (5, 2):  # different batches, slots and arrival times
+        crowded = _engine(params[0], slots=SLOTS)
+        ids = [crowded.submit(r) for r in requests[:first]]
+        done = {c.id: c for _ in range(2) for c in crowded.step()}
+        ids += [crowded.submit(r) for r in requests[first:]]
+        done.update(_drain(crowded))
+        for i, expected in zip(ids, solo):
+            np.testing.assert_array_equal(done[i].tokens, expected.tokens)
+            np.testing.assert_allclose(done[i].logprobs, expected.logprobs, atol=1e-5)
+
+
+def test_raw_key_data_draws_as_the_typed_key(params):
+    typed = _requests(1)[0]
+    raw = Request(typed.tokens, typed.max_new_tokens, np.asarray(jax.random.key_data(typed.key)))
+    engine = _engine(params[0], slots=SLOTS)
+    a, b = _run(engine, [typed])[0], _run(engine, [raw])[0]
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_logprobs_equal_a_full_forward(params):
+    engine = _engine(params[0], slots=SLOTS)
+    requests = _requests(6, seed=1)
+    ids = [engine.submit(r) for r in requests]
+    done = _drain(engine)
+    for i, request in zip(ids, requests):
+        c = done[i]
+        assert len(c.tokens) == request.max_new_tokens and np.all(c.versions == 0) and not c.newer
+        np.testing.assert_allclose(c.logprobs, _full_forward_logprobs(params[0], request.tokens, c.tokens),
+                                   atol=1e-5)
+
+
+def test_greedy_sampling_takes_the_full_forward_argmax(params):
+    engine = Engine(CONFIG, slots=SLOTS, sampling=SamplingParams(top_k=1), stop_ids=())
+    engine.load(0, params[0])
+    requests = _requests(4, seed=4)
+    for request, c in zip(requests, _run(engine, requests)):
+        np.testing.assert_array_equal(c.tokens, np.argmax(_next_token_logp(params[0], request.tokens, c.tokens), -1))
+        np.testing.assert_allclose(c.logprobs, 0, atol=1e-6)  # all the mass on the one token kept
+
+
+def test_more_requests_than_slots_are_admitted_as_slots_free(params):
+    engine = _engine(params[0], slots=SLOTS)
+    requests = _requests(20, seed=2)
+    ids = [engine.submit(r) for r in requests]
+    assert (engine.pending, engine.active) == (20, 0)
+    first = engine.step()  # admits four and returns as soon as one finishes
+    assert 1 <= len(first) < 4 and (engine.pending, engine.active) == (16, 4 - len(first))
+    second = engine.step()  # the freed slots take queued requests while the others still run
+    assert engine.pending == 16 - len(first)
+    assert not set(ids[:4]) <= {c.id for c in first + second}
+    done = {c.id: c for c in first + second}
+    done.update(_drain(engine))
+    assert sorted(done) == ids and engine.pending == engine.active == 0
+    assert all(len(done[i].tokens) == r.max_new_tokens for i, r in zip(ids, requests))
+
+
+def test_a_one_token_request_completes_in_one_step(params):
+    engine = _engine(params[0], slots=SLOTS)
+    engine.submit(Request(np.array([1, 4], np.int32), max_new_tokens=1, key=jax.random.key(0)))
+    (completion,) = engine.step()
+    assert len(completion.tokens) == 1 and engine.idle
+
+
+def test_stop_ids_and_a_full_window_end_a_request(params):
+    every_token = tuple(range(CONFIG.vocab_size))
+    engine = _engine(params[0], slots=SLOTS, stop_ids=every_token)
+    assert all(len(c.tokens) == 1 for c in _run(engine, _requests(4)))
+    stops = (3, 5)
+    engine = _engine(params[0], slots=SLOTS, stop_ids=stops)
+    completions = _run(engine, [Request(r.tokens, 8, r.key) for r in _requests(16, seed=3)])
+    stopped = [c for c in completions if len(c.tokens) < 8]
+    assert stopped and all(c.tokens[-1] in stops for c in stopped)
+    assert all(not np.isin(c.tokens[:-1], stops).any() for c in completions)
+    engine = _engine(params[0], slots=SLOTS)
+    near_full = Request(np.ones(CONFIG.max_len - 2, np.int32), max_new_tokens=5, key=jax.random.key(0))
+    assert [len(c.tokens) for c in _run(engine, [near_full])] == [2]
+
+
+def test_followers_switch_at_a_check_boundary_and_pinned_requests_keep_their_weights(params):
+    old, new = params
+    engine = _engine(old, slots=SLOTS, check_every=4)
+    follower = Request(np.array([1, 4], np.int32), max_new_tokens=12, key=jax.random.key(1))
+    pinned = Request(np.array([1, 5, 6], np.int32), max_new_tokens=12, key=jax.random.key(2), version=0, params=old)
+    short = Request(np.array([1, 7], np.int32), max_new_tokens=2, key=jax.random.key(3))
+    f, p, s = (engine.submit(r) for r in (follower, pinned, short))
+    (first,) = engine.step()  # `short` finishes after two decode steps: the chunk returns there
+    assert first.id == s and not first.newer
+    engine.load(1, new)  # mid-chunk: followers switch only at the next boundary, after 4 steps
+    late = Request(np.array([1, 8], np.int32), max_new_tokens=3, key=jax.random.key(4))
+    g = engine.submit(late)  # admitted with the latest weights right away
+    done = _drain(engine)
+    np.testing.assert_array_equal(done[f].versions, [0] * 4 + [1] * 8)
+    np.testing.assert_array_equal(done[p].versions, [0] * 12)
+    np.testing.assert_array_equal(done[g].versions, [1] * 3)
+    assert done[f].newer and done[p].newer and not done[g].newer
+    f_old = _full_forward_logprobs(old, follower.tokens, done[f].tokens)
+    f_new = _full_forward_logprobs(new, follower.tokens, done[f].tokens)
+    np.testing.assert_allclose(done[f].logprobs, np.concatenate([f_old[:4], f_new[4:]]), atol=1e-5)
+    np.testing.assert_allclose(done[p].logprobs, _full_forward_logprobs(old, pinned.tokens, done[p].tokens),
+                               atol=1e-5)
+    np.testing.assert_allclose(done[g].logprobs, _full_forward_logprobs(new, late.tokens, done[g].tokens),
+                               atol=1e-5)
+
+
+def test_compiles_stay_within_the_bound():
+    config = CONFIG.model_copy(update={"max_len": 32})  # shapes no other test compiles
+    weights = [init_params(config, seed=0), init_params(config, seed=1)]
+    engine = _engine(weights[0], slots=2, config=config, check_every=4)
+    bound = 2 * 2  # K in {1, 2} times P in {16, 32}
+    before = admit._cache_size(), decode._cache_size()
+    rng = np.random.default_rng(0)
+
+    def traffic(n, first_version):
+        for i in range(n):
+            version = first_version + i // 10
+            engine.load(version, weights[version % 2])  # followers switch, several versions decode
+            pinned = {"version": version - 1, "params": weights[(version - 1) % 2]} if i % 3 == 0 else {}
+            engine.submit(Request(rng.integers(1, 9, rng.integers(1, 30)).astype(np.int32),
+                                  max_new_tokens=int(rng.integers(1, 9)), key=jax.random.key(i), **pinned))
+            if rng.random() < 0.5:
+                engine.step()
+        _drain(engine)
+
+    for length in (5, 20):  # every (K, P) once
+        _run(engine, [Request(np.ones(length, np.int32), 2, jax.random.key(k)) for k in range(2)])
+        _run(engine, [Request(np.ones(length, np.int32), 2, jax.random.key(0))])
+    assert engine.compiles == {"prefill": bound, "decode": 1}
+    traffic(40, first_version=1)
+    traffic(40, first_version=5)
+    assert engine.compiles == {"prefill": bound, "decode": 1}
+    # Nothing compiled behind the count (a dtype, a weak type, a committed scalar):
+    assert (admit._cache_size() - before[0], decode._cache_size() - before[1]) == (bound, 1)
+
+
+def test_bad_requests_and_versions_raise(params):
+    engine = Engine(CONFIG, slots=2, sampling=SAMPLING, stop_ids=())
+    key = jax.random.key(0)
+    engine.submit(Request(np.array([1], np.int32), 1, key))
+    with pytest.raises(RuntimeError, match="load"):
+        engine.step()
+    for bad in (Request(np.zeros(0, np.int32), 1, key), Request(np.ones(CONFIG.max_len, np.int32), 1, key),
+                Request(np.array([1], np.int32), 0, key), Request(np.array([1], np.int32), 1, key, version=3),
+                Request(np.array([1], np.int32), 1, np.zeros(3, np.uint32))):
+        with pytest.raises(ValueError):
+            engine.submit(bad)
+    engine.load(2, params[0])
+    engine.load(2, params[0])  # the same version again: nothing to do
+    with pytest.raises(ValueError, match="older"):
+        engine.load(1, params[1])
