@@ -126,7 +126,7 @@ def main() -> None:
     # As on separate hardware: producers and the scheduler on some cores, this process
     # (the consumer: the learner's host) on the others.
     learner_cores, actor_cores = split_cores()
-    with actor_pool(16, actor_cores) as address, Client(address) as client:
+    with actor_pool(actor_cores, workers=2, threads=8) as address, Client(address) as client:
         pin_threads(psutil.Process(), learner_cores)
         rows = transport(client, args.items) if args.part != "learner" else []
         overhead = learner_overhead(client, args.steps, learner_cores, actor_cores) if args.part != "transport" else []

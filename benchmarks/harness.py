@@ -80,19 +80,16 @@ def pin_threads(process: psutil.Process, cores: set[int], only: Callable[[int], 
 
 
 @contextlib.contextmanager
-def actor_pool(actors: int, cores: set[int], workers: int = 2) -> Iterator[str]:
-    """A Dask scheduler and `workers` worker processes for `actors` actors (their threads),
-    started as commands pinned to `cores`, as on machines of their own; yields the address.
-
-    Actors sleep through environment latency, so many share a core; a Tandem local
-    cluster runs one per worker process, hence this cluster of our own.
-    """
+def actor_pool(cores: set[int], workers: int = 1, threads: int = 2) -> Iterator[str]:
+    """A Dask scheduler and `workers` worker processes, started as commands pinned to
+    `cores` as on machines of their own; yields the scheduler's address. By default each
+    worker has two threads, as a local cluster's: one for its actor task (which plays
+    every group of the process through one engine), one for other work."""
     from distributed import Client
     from distributed.utils import open_port
 
     from tasks.actors.cluster import ACTOR_ENV
 
-    workers = min(workers, actors)
     # The workers import what a spawned LocalCluster worker would: the repository, and
     # the benchmark scripts' functions pickled by reference to their modules.
     path = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))
@@ -105,9 +102,8 @@ def actor_pool(actors: int, cores: set[int], workers: int = 2) -> Iterator[str]:
     processes = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                    "--no-dashboard"], **quiet)]
     try:
-        processes += [subprocess.Popen([dask, "worker", address, "--nthreads", str(-(-actors // workers)),
-                                        "--nworkers", "1", "--no-dashboard", "--no-nanny"], **quiet)
-                      for _ in range(workers)]
+        processes += [subprocess.Popen([dask, "worker", address, "--nthreads", str(threads), "--nworkers", "1",
+                                        "--no-dashboard", "--no-nanny"], **quiet) for _ in range(workers)]
         with Client(address, timeout=60) as client:
             client.wait_for_workers(workers, timeout=60)
             connect_workers(client)

@@ -185,7 +185,8 @@ def policy_loss(
       (loss, metrics): the scalar loss (with `axis_name`, this device's share of
       it: see `aggregate_share`) and scalar metrics over the masked tokens of all
       devices: clip_fraction, ratio_mean, ratio_max (of r), is_weight_mean,
-      is_capped_fraction, approx_kl (mu to pi), kl_ref and advantage_mean.
+      is_capped_fraction, approx_kl (mu to pi), kl_ref, advantage_mean and ess_fraction
+      (the effective sample size of the weights pi / mu over the tokens, as a fraction).
     """
     _check_same_shape(
         2,
@@ -216,6 +217,11 @@ def policy_loss(
 def _metrics(ratio, unclipped, clipped, weights, kl, logprobs, anchor, behaviour, advantages, mask, axis_name):
     """The scalar metrics `policy_loss` reports (inputs without gradient)."""
     uncapped = jnp.exp(jax.lax.stop_gradient(anchor) - behaviour)
+    # Kish's effective sample size of the tokens' weights pi / mu, as a fraction of the tokens:
+    # 1 on-policy, smaller as the actors' policy drifts from the one trained.
+    behaviour_weights = jnp.exp(logprobs - behaviour)
+    ess = masked_mean(behaviour_weights, mask, axis_name) ** 2 / jnp.maximum(
+        masked_mean(behaviour_weights**2, mask, axis_name), 1e-30)  # no tokens: 0
     return {
         "clip_fraction": masked_mean((clipped < unclipped).astype(jnp.float32), mask, axis_name),
         "ratio_mean": masked_mean(ratio, mask, axis_name),
@@ -225,6 +231,7 @@ def _metrics(ratio, unclipped, clipped, weights, kl, logprobs, anchor, behaviour
         "approx_kl": masked_mean(behaviour - logprobs, mask, axis_name),
         "kl_ref": masked_mean(kl, mask, axis_name),
         "advantage_mean": masked_mean(advantages, mask, axis_name),
+        "ess_fraction": ess,
     }
 
 

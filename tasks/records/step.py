@@ -53,13 +53,19 @@ class StepRecord:
     staleness_hist: dict[str, int]
     staleness_in_flight_mean: float
     staleness_in_queue_mean: float
+    # Of the tokens this update trains on: versions behind the learner's, and optimizer
+    # updates between the weights that generated them and those being updated.
+    token_staleness_mean: float
+    token_staleness_updates_mean: float
+    trained_success_rate: float | None  # of the batch's episodes
     prompt_ids: list[int]  # consumed at this step
     train: dict[str, float]
 
     def to_json(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "train"}
-        if self.success_rate is None:
-            del fields["success_rate"]
+        for optional in ("success_rate", "trained_success_rate"):
+            if fields[optional] is None:
+                del fields[optional]
         return {**fields, **self.train}
 
 
@@ -93,9 +99,11 @@ class StepMeter:
             success = intake.successes / intake.judged if intake.judged else None
             self._acting = (intake.reward_sum / intake.episodes, success)
         reward, success = self._acting or (trained, None)
+        version = self._weights.current
+        behind, updates = _token_staleness(groups, version, update.step, self._weights.interval)
         take_s, publish_s, self._take_s, self._publish_s = self._take_s, self._publish_s, 0.0, 0.0
         return StepRecord(
-            step=update.step, version=self._weights.current, time=time.time(), reward_mean=reward,
+            step=update.step, version=version, time=time.time(), reward_mean=reward,
             trained_reward_mean=trained, success_rate=success,
             learner_busy=min(1.0, update.train_s / elapsed) if elapsed > 0 else 1.0,
             train_s=update.train_s, take_s=take_s, publish_s=publish_s, publish_lag_s=self._weights.lag_s,
@@ -105,8 +113,22 @@ class StepMeter:
             staleness_mean=_mean(intake.staleness), staleness_max=max(intake.staleness, default=0),
             staleness_hist=_histogram(intake.staleness),
             staleness_in_flight_mean=_mean(intake.in_flight), staleness_in_queue_mean=_mean(intake.in_queue),
-            prompt_ids=[g.prompt_id for g in groups],
+            token_staleness_mean=behind, token_staleness_updates_mean=updates,
+            trained_success_rate=_success(groups), prompt_ids=[g.prompt_id for g in groups],
             train={k: v for k, v in update.metrics.items() if k != "padding"})
+
+
+def _token_staleness(groups: Sequence[Group], version: int, step: int, interval: int) -> tuple[float, float]:
+    """Mean over the generated tokens of the batch: the learner's version minus theirs, and
+    the updates since their weights (version v is the weights after v × interval updates;
+    the update making `step` starts from the weights after step − 1)."""
+    versions = np.concatenate([s.versions[s.generated] for g in groups for s in g.samples])
+    return float(version - versions.mean()), float(step - 1 - interval * versions.mean())
+
+
+def _success(groups: Sequence[Group]) -> float | None:
+    judged = [s.success for g in groups for s in g.samples if s.success is not None]
+    return float(np.mean(judged)) if judged else None
 
 
 def _mean(values: list[int]) -> float:

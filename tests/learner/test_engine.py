@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -174,7 +176,7 @@ def test_compiles_stay_within_the_bound():
     config = CONFIG.model_copy(update={"max_len": 32})  # shapes no other test compiles
     weights = [init_params(config, seed=0), init_params(config, seed=1)]
     engine = _engine(weights[0], slots=2, config=config, check_every=4)
-    bound = 2 * 2  # K in {1, 2} times P in {16, 32}
+    bound = 2 * 2  # whole contexts: K in {1, 2} times P in {16, 32} (suffixes: P in {2, 4, ..., 32})
     before = admit._cache_size(), decode._cache_size()
     rng = np.random.default_rng(0)
 
@@ -189,15 +191,140 @@ def test_compiles_stay_within_the_bound():
                 engine.step()
         _drain(engine)
 
-    for length in (5, 20):  # every (K, P) once
+    for length in (5, 20):  # every whole-context (K, P) once
         _run(engine, [Request(np.ones(length, np.int32), 2, jax.random.key(k)) for k in range(2)])
         _run(engine, [Request(np.ones(length, np.int32), 2, jax.random.key(0))])
-    assert engine.compiles == {"prefill": bound, "decode": 1}
+    assert engine.compiles == {"prefill": bound, "suffix": 0, "decode": 1}
     traffic(40, first_version=1)
+    # Episodes whose turns add 1..4 tokens at many starts: a compile per (K, P), not per start.
+    _play(engine, 8, 4, keyed=True, in_flight=2, new_tokens=(1, 3), observations=(0, 3))
     traffic(40, first_version=5)
-    assert engine.compiles == {"prefill": bound, "decode": 1}
-    # Nothing compiled behind the count (a dtype, a weak type, a committed scalar):
-    assert (admit._cache_size() - before[0], decode._cache_size() - before[1]) == (bound, 1)
+    assert engine.compiles["prefill"] == bound and engine.compiles["decode"] == 1
+    assert 2 <= engine.compiles["suffix"] <= 4 and engine.admitted["suffix"] >= 16  # K in {1, 2}, P in {2, 4}
+    # Nothing compiled behind the count (a dtype, a weak type, a committed scalar, a start):
+    assert (admit._cache_size() - before[0], decode._cache_size() - before[1]) == (
+        engine.compiles["prefill"] + engine.compiles["suffix"], 1)
+
+
+def _play(engine: Engine, episodes: int, turns: int, *, keyed: bool, seed: int = 0, in_flight: int | None = None,
+          new_tokens=(1, 3), observations=(1, 3)) -> dict[int, list[Completion]]:
+    """Plays `episodes` multi-turn episodes, `in_flight` at once (default: all): a turn's request
+    is the whole context so far (2 start tokens, then each action and a fake observation of
+    `observations` tokens, a range), submitted as soon as the previous turn completes, asking
+    for `new_tokens` (a range); its prefix key is the episode if `keyed`. Completions by episode."""
+    rng = np.random.default_rng(seed)  # every draw by (episode, turn): the same in any completion order
+    contexts = {e: rng.integers(1, CONFIG.vocab_size, 2).tolist() for e in range(episodes)}
+    lengths_et = rng.integers(*new_tokens, (episodes, turns))
+    observations_et = [[rng.integers(1, CONFIG.vocab_size, rng.integers(*observations)).tolist()
+                        for _ in range(turns)] for _ in range(episodes)]
+    done: dict[int, list[Completion]] = {e: [] for e in range(episodes)}
+    waiting, queued = {}, list(range(episodes))[::-1]
+
+    def submit(e: int) -> None:
+        turn = len(done[e])
+        request = Request(np.array(contexts[e], np.int32), int(lengths_et[e, turn]),
+                          np.array([seed, 100 * e + turn], np.uint32), prefix_key=e if keyed else None)
+        waiting[engine.submit(request)] = e
+
+    while queued or waiting:
+        while queued and len(waiting) < (in_flight or episodes):
+            submit(queued.pop())
+        for completion in engine.step():
+            e = waiting.pop(completion.id)
+            done[e].append(completion)
+            contexts[e] += completion.tokens.tolist() + observations_et[e][len(done[e]) - 1]
+            if len(done[e]) < turns and len(contexts[e]) < engine.max_len:
+                submit(e)
+    return done
+
+
+def _assert_same_episodes(a: dict[int, list[Completion]], b: dict[int, list[Completion]]) -> None:
+    assert a.keys() == b.keys()
+    for e, turns in a.items():
+        assert len(turns) == len(b[e])
+        for x, y in zip(turns, b[e]):
+            np.testing.assert_array_equal(x.tokens, y.tokens)
+            np.testing.assert_array_equal(x.versions, y.versions)
+            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+
+
+def test_a_multi_turn_episode_prefills_only_its_new_tokens_and_draws_the_same(params):
+    full, reused = _engine(params[0], slots=SLOTS), _engine(params[0], slots=SLOTS)
+    expected = _play(full, SLOTS, 4, keyed=False)
+    got = _play(reused, SLOTS, 4, keyed=True)
+    _assert_same_episodes(got, expected)
+    assert all(len(turns) == 4 for turns in got.values())
+    assert full.admitted == {"full": 4 * SLOTS, "suffix": 0}
+    assert reused.admitted == {"full": SLOTS, "suffix": 3 * SLOTS}  # every later turn onto its warm slot
+    assert reused.warm == SLOTS and reused.idle
+
+
+def test_more_episodes_than_slots_evict_the_least_recently_used(params):
+    full, reused = _engine(params[0], slots=SLOTS), _engine(params[0], slots=SLOTS)
+    for in_flight in (SLOTS, 10):  # every episode keeps its slot; and slots under pressure
+        got = _play(reused, 10, 4, keyed=True, seed=in_flight, in_flight=in_flight)
+        _assert_same_episodes(got, _play(full, 10, 4, keyed=False, seed=in_flight, in_flight=in_flight))
+        assert all(len(turns) == 4 for turns in got.values()) and reused.warm <= SLOTS
+    assert reused.admitted["suffix"] >= 30  # (all of the first round's later turns)
+    engine, reference = _engine(params[0], slots=SLOTS), _engine(params[0], slots=SLOTS)
+    turn1 = {e: Request(np.array([1, 2 + i], np.int32), 1, np.array([7, i], np.uint32), prefix_key=e)
+             for i, e in enumerate("abcdef")}
+    done = {e: _run(engine, [turn1[e]])[0] for e in "abcd"}  # one at a time: warm a, b, c, d
+    engine.release("c")  # c's episode ended: its slot turns cold
+    _run(engine, [turn1["e"]])  # takes c's slot
+    _run(engine, [turn1["f"]])  # no cold slot left: evicts a, the least recently used
+    turn2 = {e: dataclasses.replace(turn1[e], tokens=np.concatenate([turn1[e].tokens, done[e].tokens, [3]]))
+             for e in "abd"}
+    admitted = []
+    for e in "adb":  # a, evicted, evicts b; d reuses its slot; b, evicted, evicts e
+        (completion,) = _run(engine, [turn2[e]])
+        admitted.append(engine.admitted["suffix"])
+        _assert_drawn_as_by_a_full_prefill(reference, turn2[e], completion)
+    assert admitted == [0, 1, 1] and engine.warm == SLOTS
+
+
+def _assert_drawn_as_by_a_full_prefill(reference: Engine, request: Request, completion: Completion) -> None:
+    """`completion` is what `request` draws with its whole context prefilled on `reference`."""
+    (expected,) = _run(reference, [dataclasses.replace(request, prefix_key=None)])
+    np.testing.assert_array_equal(completion.tokens, expected.tokens)
+    np.testing.assert_array_equal(completion.versions, expected.versions)
+    np.testing.assert_allclose(completion.logprobs, expected.logprobs, atol=1e-5)
+
+
+def test_reuse_is_refused_unless_the_slot_holds_a_prefix_computed_by_the_same_weights(params):
+    old, new = params
+    engine, reference = _engine(old, slots=SLOTS), _engine(old, slots=SLOTS)
+    first = Request(np.array([1, 2, 3], np.int32), 2, np.array([5, 0], np.uint32), prefix_key="x")
+    (action,) = _run(engine, [first])
+    held = np.concatenate([first.tokens, action.tokens[:-1]])  # the last token never reached the cache
+    for tokens in (np.concatenate([[4], held[1:], [5, 6]]), held[:-1]):  # not a prefix; shorter than it
+        _run(engine, [first])  # "x" holds `held`
+        (completion,) = _run(engine, [dataclasses.replace(first, tokens=tokens)])
+        assert engine.admitted["suffix"] == 0
+        _assert_drawn_as_by_a_full_prefill(reference, dataclasses.replace(first, tokens=tokens), completion)
+    # Exactly the tokens it holds: only the last one is recomputed, for its logits.
+    _run(engine, [first])
+    (completion,) = _run(engine, [dataclasses.replace(first, tokens=held)])
+    assert engine.admitted["suffix"] == 1
+    _assert_drawn_as_by_a_full_prefill(reference, dataclasses.replace(first, tokens=held), completion)
+    # A follower after a newer version: its prefix is recomputed with the new weights.
+    _run(engine, [first])
+    engine.load(1, new)
+    follower = dataclasses.replace(first, tokens=np.concatenate([held, action.tokens[-1:], [4]]))
+    (completion,) = _run(engine, [follower])
+    assert engine.admitted["suffix"] == 1 and np.all(completion.versions == 1)
+    np.testing.assert_allclose(completion.logprobs, _full_forward_logprobs(new, follower.tokens, completion.tokens),
+                               atol=1e-5)
+    # A request pinned to the old version reuses a slot it warmed, not one of another version.
+    pinned = dataclasses.replace(first, version=0, params=old, prefix_key="p")
+    _run(engine, [pinned])
+    (completion,) = _run(engine, [dataclasses.replace(pinned, tokens=follower.tokens)])
+    assert engine.admitted["suffix"] == 2 and np.all(completion.versions == 0)
+    np.testing.assert_allclose(completion.logprobs, _full_forward_logprobs(old, follower.tokens, completion.tokens),
+                               atol=1e-5)
+    _run(engine, [pinned])
+    (completion,) = _run(engine, [dataclasses.replace(follower, prefix_key="p")])
+    assert engine.admitted["suffix"] == 2 and np.all(completion.versions == 1)
 
 
 def test_bad_requests_and_versions_raise(params):
@@ -211,6 +338,8 @@ def test_bad_requests_and_versions_raise(params):
                 Request(np.array([1], np.int32), 1, np.zeros(3, np.uint32))):
         with pytest.raises(ValueError):
             engine.submit(bad)
+    with pytest.raises(TypeError, match="hashable"):
+        engine.submit(Request(np.array([1], np.int32), 1, key, prefix_key=["an", "episode"]))
     engine.load(2, params[0])
     engine.load(2, params[0])  # the same version again: nothing to do
     with pytest.raises(ValueError, match="older"):

@@ -237,3 +237,15 @@ def test_objectives_need_their_inputs_and_ppo_has_no_weight_to_cap():
         policy_loss(*args, CONFIG.model_copy(update={"kl_coef": 0.1}))
     with pytest.raises(ValueError, match="is_cap"):
         LossConfig(objective="ppo", is_cap=2.0)
+
+
+def test_ess_fraction_is_one_on_policy_and_kish_s_formula_off_it():
+    mask = np.ones((1, 4), np.float32)
+    segments = np.ones((1, 4), np.int32)
+    logprobs = np.log(np.array([[0.5, 0.5, 0.5, 0.5]], np.float32))
+    _, on = policy_loss(logprobs, logprobs, np.zeros_like(mask), mask, segments, CONFIG)
+    behaviour = np.log(np.array([[0.5, 0.25, 0.25, 1.0]], np.float32))
+    _, off = policy_loss(logprobs, behaviour, np.zeros_like(mask), mask, segments, CONFIG)
+    w = np.array([1.0, 2.0, 2.0, 0.5])
+    np.testing.assert_allclose(float(on["ess_fraction"]), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(float(off["ess_fraction"]), w.mean() ** 2 / (w**2).mean(), rtol=1e-5)

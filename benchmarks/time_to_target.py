@@ -1,0 +1,115 @@
+"""Wall-clock time to a good agent: synchronous against asynchronous learning, over seeds.
+
+For each cell (a spec at an environment latency) and each mode, `tandem run` is launched
+once per seed with the settings `tandem audit` recommends for that mode (`flows.audit`),
+the same model, optimizer and group size, the learner pinned to its own core and the
+actors (a Dask scheduler and worker started here) to the others. A run stops when the
+success rate (the acting policy's, every finished group counted), averaged over the
+last 20 steps, reaches the target, or `--cap` seconds after its first step; a run that
+misses counts as the cap and is marked. Printed per cell and mode: the median and range
+of seconds from the first step to the target, learner busy, the mean staleness of the
+trained tokens (versions, optimizer updates) and the audit's predicted staleness.
+
+With `--floor`, cells at zero latency also run `benchmarks/single_process.py` (the
+in-process batched loop) over the same seeds, for the cost of decoupling. Usage:
+
+    python benchmarks/time_to_target.py [--cells guess-number:0.5 calculator:0.5 guess-number:2]
+        [--seeds 3] [--modes sync async] [--cap 480] [--floor] [--set path=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from harness import ROOT, actor_pool, emit, reached, run_tandem, split_cores, steady_rates
+
+WINDOW = 20  # steps the success rate is averaged over
+SEEDS = {"guess-number:0.5": 3, "calculator:0.5": 3, "guess-number:2": 2}
+
+
+def recommended(spec: str, mode: str, latency: float, extra: list[str]) -> tuple[list[str], dict]:
+    """The audit's recommended overrides for `mode` at `latency`, and its prediction."""
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "audit", spec, "--mode", mode, "--json", "-",
+                          "--set", f"env.latency_s={latency}", *[a for o in extra for a in ("--set", o)]],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    audit = json.loads(out.stdout.split("\n--- json\n", 1)[1])
+    return audit["recommendation"]["overrides"], audit["recommendation"]
+
+
+def one_run(spec: str, overrides: list[str], seed: int, cap_s: float, target: float, cores, work: Path) -> dict:
+    learner_cores, actor_cores = cores
+    with actor_pool(actor_cores) as address:
+        result = run_tandem(spec, [*overrides, f"seed={seed}", f"actors.cluster={address}",
+                                   "learner.stop_at_success=null", "learner.steps=100000",
+                                   "checkpoint.every=100000"],
+                            work / f"seed{seed}", cores=learner_cores, budget_s=cap_s,
+                            stop=lambda records: reached(records, target, WINDOW) is not None)
+    records = result.records
+    hit = reached(records, target, WINDOW)
+    first = records[0]["time"] if records else None
+    trained = records[WINDOW:] or records
+    return {"seconds": hit["time"] - first if hit else cap_s, "missed": hit is None,
+            "busy": steady_rates(records)["busy"],
+            "staleness_versions": _mean(trained, "token_staleness_mean"),
+            "staleness_updates": _mean(trained, "token_staleness_updates_mean")}
+
+
+def floor_run(spec: str, seed: int, cap_s: float, target: float) -> dict:
+    done = subprocess.run([sys.executable, "benchmarks/single_process.py", spec, "--set", f"seed={seed}",
+                           "--target", str(target), "--window", str(WINDOW), "--seconds", str(cap_s)],
+                          cwd=ROOT, capture_output=True, text=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"seconds": result["seconds"] or cap_s, "missed": result["seconds"] is None}
+
+
+def summary(cell: str, mode: str, runs: list[dict], predicted: float | None) -> dict:
+    seconds = [r["seconds"] for r in runs]
+    return {"cell": cell, "mode": mode, "median_s": float(np.median(seconds)), "min_s": min(seconds),
+            "max_s": max(seconds), "missed": sum(r["missed"] for r in runs), "seeds": len(runs),
+            "busy": _mean(runs, "busy"), "staleness_v": _mean(runs, "staleness_versions"),
+            "staleness_u": _mean(runs, "staleness_updates"), "predicted_u": predicted}
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cells", nargs="+", default=list(SEEDS), help="ENV:LATENCY, ENV a spec in specs/")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: 3, or 2 at 2 s)")
+    parser.add_argument("--modes", nargs="+", default=["sync", "async"])
+    parser.add_argument("--cap", type=float, default=480.0, help="seconds after the first step")
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--floor", action="store_true", help="also the in-process loop, at zero latency")
+    parser.add_argument("--set", action="append", default=[], help="overrides for every run")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "time_to_target.json")
+    args = parser.parse_args()
+    cores, rows = split_cores(), []
+    with tempfile.TemporaryDirectory(prefix="tandem-ttt-") as work:
+        for cell in args.cells:
+            name, latency = cell.split(":")
+            spec, seeds = f"specs/{name}.yaml", args.seeds or SEEDS.get(cell, 3)
+            for mode in args.modes:
+                overrides, advice = recommended(spec, mode, float(latency), args.set)
+                runs = [one_run(spec, [*overrides, *args.set], seed, args.cap, args.target, cores,
+                                Path(work) / cell / mode) for seed in range(seeds)]
+                rows.append(summary(cell, mode, runs, advice.get("staleness_updates")))
+                print(json.dumps({**rows[-1], "runs": runs}), flush=True)
+            if args.floor and float(latency) == 0.0:
+                runs = [floor_run(spec, seed, args.cap, args.target) for seed in range(seeds)]
+                rows.append(summary(cell, "in-process floor", runs, None))
+    emit(f"time to {args.target:.0%} success (seconds after the first step; misses count as {args.cap:.0f})",
+         rows, args.out, args=vars(args) | {"out": str(args.out)})
+
+
+if __name__ == "__main__":
+    main()
