@@ -2,17 +2,25 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test
-setup: $(VENV)/.installed
+.PHONY: setup setup-test demo test
+setup: $(VENV)/.installed  # Tandem and what it needs to run: all the demo needs
+setup-test: $(VENV)/.installed-test  # and the test extras (pytest, CPU torch, transformers)
 
 $(VENV)/.installed: pyproject.toml
+	@echo "Installing Tandem and its dependencies into $(VENV) (once; a few minutes)"
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -qq --upgrade pip
+	$(PY) -m pip install -qq -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	@echo "Installing the test extras into $(VENV) (once; torch and transformers: a few minutes)"
+	$(PY) -m pip install -qq -e '.[test]'
 	touch $@
 
 demo: setup
-	$(VENV)/bin/tandem run specs/guess-number.yaml
+	$(VENV)/bin/tandem run specs/guess-number.yaml --fresh
 
-test: setup
-	$(PY) -m pytest -q --durations=15
+# One line per test file, a dot per test as it passes; the slowest 15 at the end.
+test: setup-test
+	$(PY) -m pytest --durations=15

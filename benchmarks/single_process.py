@@ -57,7 +57,7 @@ def train(spec, target: float, window: int, budget_s: float, log_every: int = 10
     actors = spec.actors.model_copy(update={"slots": spec.learner.batch_groups * spec.actors.group_size})
     curve, start = [], None
     with local_generation(spec.model, actors, params_numpy(state)) as service:
-        runner = GroupRunner.build(service.generate, spec.env, actors, spec.model, spec.seed)
+        runner = GroupRunner.build(service, spec.env, actors, spec.model, spec.seed)
         for step in range(1, spec.learner.steps + 1):
             groups, outcomes = collect(runner, source, filters, envs, spec.learner.batch_groups)
             for state, metrics in train_step.updates(state, batch_of_groups(groups, spec.learner)):

@@ -1,25 +1,35 @@
-"""`tandem audit SPEC`: the latency audit and the worker-pool design.
+"""`tandem audit SPEC`: the latency audit, and the actor pool and pace that reach a good
+agent soonest on this machine.
 
-The audit measures the spec on this machine (`tasks.measure.measure`) and models the run
-as two rates, groups per second into the buffer and out of it:
+The audit measures the spec here (`tasks.measure`) and models a run as two rates, groups
+per second into the buffer and out of it:
 
-    produced = k · min(A / T_g, C / c)      consumed = B / (s + o)
+    produced = k · min(W·A / T_g, W·R)        consumed = B / (U·s + o)
 
-A actors each play a group in T_g = c + turns × latency seconds (c: generation and the
-environment's own steps, the CPU part; latency: `env.latency_s`, spent asleep); C cores
-run the actors, so they cannot finish more than C / c groups a second; k is the share
-of groups the buffer keeps (not aborted, passing the filters; measured at random init,
-it changes as the policy learns). The learner takes B = `learner.batch_groups` groups a
-batch and trains on it for U = minibatches × epochs steps; s is the time of U steps,
-o the host work around them (batching, and publishing the weights once per
-`sync.interval` steps). Learner busy (the fraction of wall time in train steps, as
-`metrics.jsonl` records it) is then
+W actor processes each play A groups at once; a group takes T_g = c + turns × latency
+seconds (c: its compute played alone; latency: `env.latency_s`, spent asleep); one
+process on one core finishes at most R groups a second however many it plays (its
+engine's throughput, measured at A); k is the share the buffer keeps (not aborted, passing
+the filters; measured at random init, it changes as the policy learns). The learner takes
+B = `learner.batch_groups` groups a batch and trains on it for U = minibatches × epochs
+steps of s seconds; o is the host work around them (batching, publishing once per
+`sync.interval` steps). Learner busy (as `metrics.jsonl` records it) is then
 
-    async:  busy = s / (s + o) · min(1, produced / consumed)
-    sync:   busy = s / (ceil(B / (k · A)) · T_g + s + o)   (a batch is played, then trained)
+    async:  busy = U·s / (U·s + o) · min(1, produced / consumed)
+    sync:   busy = U·s / (T_sync + U·s + o), T_sync = max(T_g · ceil(B / (k·W·A)), B / (k·W·R))
 
-The model ignores Dask and buffer overheads (see the scheduler warning) and assumes
-groups take their mean time; benchmarks/actor_scaling.py checks it against real runs.
+Throughput is not learning: work beyond what the learner takes within its staleness
+budget is waste, and stale tokens learn less (README, "Admission control or exit-time
+exclusion"). A token's staleness in optimizer updates is the time from its generation to
+its update, times the update rate, plus half a sync interval for the version it waited
+for; with `on_sync: retract` a token waits on average for half its group's turns (with
+`finish`, for all of them) and then in the buffer:
+
+    staleness ≈ rate · (f · T_g + queue) + (I − 1) / 2,   rate = U · busy / (U·s)
+
+So the audit recommends, for async, the fewest groups at once that keep the learner fed
+(more only queue up, staler), a buffer of one batch, a version every step where publishing
+is cheap, and `retract`; for sync, enough groups at once to play a batch in one wave.
 """
 
 from __future__ import annotations
@@ -28,30 +38,30 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from tasks.buffer.intake import groups_per_version, outstanding_bound
+from tasks.buffer.intake import groups_per_version
 
-# Scheduler round trips per group: prompt put and get, weights version and params look-ups,
-# the buffer put and get, the report put (prompts, groups and reports move in batches); a
-# group larger than buffer.inline_bytes adds its scatter and the learner's fetch.
-SCHEDULER_OPS_PER_GROUP = {"inline": 7, "future": 9}
+SCHEDULER_OPS_PER_FLUSH = 2  # an actor's bundle of groups and its reports message
 SCHEDULER_OPS_LIMIT = 1000  # per second: about where one Dask scheduler's event loop saturates
 PUBLISH_SHARE = 0.05  # the most of a step's time that publishing weights should cost
+HEADROOM = 1.15  # actors sized to produce this much more than the learner consumes
 
 
 @dataclasses.dataclass(frozen=True)
 class Pool:
     """The actor pool and learner pace a prediction is for."""
 
-    actors: int
-    actor_cores: float
+    workers: int  # actor processes, one core each
+    actors: int  # groups each plays at once
     batch_groups: int
     sync_interval: int
     updates_per_batch: int = 1  # learner.minibatches × learner.epochs
-    inline: bool = True  # groups travel inside the buffer's queue (buffer.inline_bytes)
+    capacity: int = 16
+    retract: bool = True  # actors.on_sync: retract (tokens follow new versions) or not
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,127 +70,201 @@ class Prediction:
     consumed: float  # groups/s the learner could train on
     busy_async: float
     busy_sync: float
-    groups_per_s_async: float  # trained
-    groups_per_s_sync: float
+    staleness_updates: float  # mean over trained tokens, async
+    staleness_versions: float
     scheduler_ops: float  # per second
 
 
 def predict(m, pool: Pool) -> Prediction:
-    """Rates and learner busy for measurements `m` (`tasks.measure.Measurements`) and `pool`."""
-    group_s, compute_s = float(np.mean(m.group_s)), float(np.mean(m.group_compute_s))
-    raw = min(pool.actors / group_s, pool.actor_cores / compute_s)  # groups finished per second
-    produced = m.kept * raw
-    step, overhead = m.step_s * pool.updates_per_batch, _overhead(m, pool)
+    """Rates, learner busy and staleness for measurements `m` (`tasks.measure.Measurements`)."""
+    group_s, step = float(np.mean(m.group_s)), m.step_s * pool.updates_per_batch
+    engine = pool.workers * m.actor_groups_per_s
+    produced = m.kept * min(pool.workers * pool.actors / group_s, engine)
+    overhead = _overhead(m, pool)
     consumed = pool.batch_groups / (step + overhead)
-    busy_async = step / (step + overhead) * min(1.0, produced / consumed)
-    waves = math.ceil(pool.batch_groups / max(m.kept * pool.actors, 1e-9))
-    sync_step = waves * group_s + step + overhead
+    fed = min(1.0, produced / consumed)
+    busy_async = step / (step + overhead) * fed
+    waves = math.ceil(pool.batch_groups / max(m.kept * pool.workers * pool.actors, 1e-9))
+    sync_play = max(waves * group_s, pool.batch_groups / max(m.kept * engine, 1e-9))
+    rate = pool.updates_per_batch * busy_async / step  # updates per second
+    # Groups wait in the buffer: a batch's worth while the learner is fed just in time, the
+    # whole buffer and the batch in training when the actors outpace it (and block).
+    waiting = max(pool.capacity, pool.batch_groups) + pool.batch_groups if produced > consumed else pool.batch_groups
+    queue_s = waiting / max(min(produced, consumed), 1e-9)
+    # Under load a group also waits its turns in the engine: A groups at once take A / R seconds each.
+    in_flight = (0.5 if pool.retract else 1.0) * max(group_s, pool.actors / m.actor_groups_per_s)
+    staleness = rate * (in_flight + queue_s) + (pool.sync_interval - 1) / 2
+    flushes = pool.workers / 0.01  # an actor flushes what finished every 10 ms, when anything did
     return Prediction(produced=produced, consumed=consumed, busy_async=busy_async,
-                      busy_sync=step / sync_step, groups_per_s_async=min(produced, consumed),
-                      groups_per_s_sync=pool.batch_groups / sync_step,
-                      scheduler_ops=SCHEDULER_OPS_PER_GROUP["inline" if pool.inline else "future"] * raw)
+                      busy_sync=step / (sync_play + step + overhead), staleness_updates=staleness,
+                      staleness_versions=staleness / pool.sync_interval,
+                      scheduler_ops=min(flushes, produced / max(m.kept, 1e-9)) * SCHEDULER_OPS_PER_FLUSH)
 
 
 @dataclasses.dataclass(frozen=True)
 class Recommendation:
-    actors: int
-    actor_cores: int  # cores the actors need to keep up
+    mode: str
+    workers: int
+    actors: int  # groups each actor process plays at once
+    slots: int
     capacity: int
     sync_interval: int
-    max_staleness: float  # versions a group can age, dispatch to take (the outstanding bound)
+    rows: int | None  # packed rows per batch (None: a row per sample)
+    buckets: tuple[int, ...]
     busy: float  # predicted with these settings
+    staleness_updates: float  # predicted mean, async (0 in sync mode)
+    max_staleness: int | None  # the exit check's budget, in versions
+    why: tuple[str, ...]
+
+    @property
+    def overrides(self) -> list[str]:
+        """The recommendation as `tandem run --set` values."""
+        out = [f"learner.mode={self.mode}", f"actors.workers={self.workers}", f"actors.actors={self.actors}",
+               f"actors.slots={self.slots}", f"buffer.capacity={self.capacity}", f"sync.interval={self.sync_interval}",
+               f"learner.buckets=[{','.join(map(str, self.buckets))}]",
+               f"learner.rows={'null' if self.rows is None else self.rows}",
+               f"buffer.max_staleness={'null' if self.max_staleness is None else self.max_staleness}"]
+        return out + (["actors.on_sync=retract"] if self.mode == "async" else [])
 
 
-def recommend(m, batch_groups: int, target_busy: float, updates_per_batch: int = 1) -> Recommendation:
-    """The smallest pool that keeps the learner `target_busy`, with its buffer and sync interval."""
-    interval = max(1, math.ceil(m.publish_s / (PUBLISH_SHARE * m.step_s)))
-    needed = target_busy * batch_groups / (m.step_s * updates_per_batch)  # kept groups/s
-    finished = needed / max(m.kept, 1e-9)
-    actors = max(1, math.ceil(finished * float(np.mean(m.group_s))))
-    cores = max(1, math.ceil(finished * float(np.mean(m.group_compute_s))))
-    # One batch prefetched while the learner trains on another covers a step's jitter;
-    # more only adds staleness whenever the actors outpace the learner.
-    capacity = 2 * batch_groups
-    busy = predict(m, Pool(actors, cores, batch_groups, interval, updates_per_batch)).busy_async
-    staleness = outstanding_bound(capacity, actors, batch_groups) / groups_per_version(batch_groups, interval, updates_per_batch)
-    return Recommendation(actors, cores, capacity, interval, staleness, busy)
+def recommend(m, spec, mode: str, workers: int) -> Recommendation:
+    """The settings that reach a good agent soonest, as the model sees it (module docstring)."""
+    learner, actors = spec.learner, spec.actors
+    rows, buckets = _packing(m, spec)
+    m = _packed(m, spec, rows, buckets)
+    updates = learner.updates_per_batch
+    interval = updates if mode == "sync" else max(1, math.ceil(m.publish_s / (PUBLISH_SHARE * m.step_s)))
+    group_s, batch = float(np.mean(m.group_s)), learner.batch_groups
+    if mode == "sync":  # a batch in one wave, with room for the groups the filters reject
+        per_worker = math.ceil(batch * HEADROOM / max(m.kept, 0.1) / workers)
+    else:  # just enough to feed the learner: more only queue up, staler
+        needed = HEADROOM * batch / (m.step_s * updates + m.batch_s) / max(m.kept, 0.1)
+        per_worker = math.ceil(needed * group_s / workers)
+    # No fewer than the audit measured the engine's throughput with: fewer may not fill it.
+    per_worker = max(per_worker, actors.actors)
+    pool = Pool(workers, per_worker, batch, interval, updates, capacity=batch, retract=mode == "async")
+    p = predict(m, pool)
+    busy = p.busy_async if mode == "async" else p.busy_sync
+    staleness = p.staleness_updates if mode == "async" else 0.0
+    budget = None if mode == "sync" else max(4, math.ceil(3 * p.staleness_versions))
+    slots = _slots(per_worker * actors.group_size)
+    return Recommendation(mode, workers, per_worker, slots, batch, interval, rows, buckets, busy, staleness,
+                          budget, _why(m, pool, p, mode, slots))
 
 
-def warnings(m, spec, pool: Pool, prediction: Prediction, target_busy: float) -> list[str]:
+def _packed(m, spec, rows: int | None, buckets: tuple[int, ...]):
+    """The measurements with the train step scaled to the recommended packing: its time
+    follows the batch's padded size (README: about linear in sequence length)."""
+    if rows is None or spec.learner.rows is not None:
+        return m
+    scale = rows * buckets[0] / (spec.learner.batch_rows(spec.learner.batch_groups * spec.actors.group_size)
+                                 * spec.learner.buckets[0])
+    return dataclasses.replace(m, train_step_s=tuple(t * scale for t in m.train_step_s))
+
+
+def _packing(m, spec) -> tuple[int | None, tuple[int, ...]]:
+    """Rows and buckets that pack a batch's samples with little padding: episodes shorter
+    than half a row share rows (the train step's cost follows its padded size)."""
+    samples = spec.learner.batch_groups * spec.actors.group_size
+    row = 1 << max(0, math.ceil(math.log2(spec.model.max_len)))
+    if 1.25 * m.episode_tokens > 0.8 * row:  # packing would save less than a fifth of the slots
+        return None, (row,)
+    rows = math.ceil(1.25 * samples * m.episode_tokens / (2 * row))
+    # A multiple of 8 divides over any mesh of up to 8 batch shards; the larger bucket
+    # takes a batch of unusually long episodes.
+    return -(-rows // 8) * 8, (2 * row, 4 * row)
+
+
+def _slots(episodes: int) -> int:
+    """Decode slots for `episodes` at once: a power of two, so that an episode keeps its
+    warm slot across turns (prefix reuse), within 64..1024."""
+    return min(1024, max(64, 1 << max(0, math.ceil(math.log2(episodes)))))
+
+
+def _why(m, pool: Pool, p: Prediction, mode: str, slots: int) -> tuple[str, ...]:
+    group_s = float(np.mean(m.group_s))
+    out = [f"a group takes {group_s:.2f} s ({np.mean(m.group_turns):.1f} turns); one actor core finishes "
+           f"{m.actor_groups_per_s:.0f} groups/s at most; the learner takes {p.consumed:.1f} groups/s",
+           f"{pool.workers} x {pool.actors} groups at once produce {p.produced:.1f} kept groups/s"]
+    if mode == "async":
+        out.append(f"mean staleness ~{p.staleness_updates:.1f} optimizer updates ({p.staleness_versions:.1f} versions): "
+                   "more groups at once would only wait in the buffer, staler")
+        if p.produced < p.consumed:
+            out.append("the actors cannot feed the learner: more actor cores (actors.workers) would")
+    else:
+        out.append("sync plays each batch with the latest weights: staleness 0, the learner waits for every batch")
+    return tuple(out)
+
+
+def warnings(m, spec, pool: Pool, prediction: Prediction) -> list[str]:
     out = []
-    train = m.step_s * pool.updates_per_batch
-    cap = train / (train + _overhead(m, pool))
-    if cap < target_busy:
-        out.append(f"host work around each batch ({_overhead(m, pool) * 1e3:.0f} ms) caps "
-                   f"learner busy at {cap:.0%}: raise sync.interval or the batch")
     if m.kept == 0:
         out.append("no measured group was kept (aborted or filtered): the learner would starve")
-    if spec.actors.cluster == "local" and spec.actors.n_actors > spec.actors.workers:
-        out.append(f"actors.actors ({spec.actors.n_actors}) > actors.workers ({spec.actors.workers}): a "
-                   "local worker runs one actor at a time, so the extra actors never start")
     if prediction.produced > 1.5 * prediction.consumed:
         out.append(f"the actors outpace the learner {prediction.produced / prediction.consumed:.1f}x: "
-                   "the buffer stays full, actors block on it, and every group waits "
-                   f"{spec.buffer.capacity / groups_per_version(pool.batch_groups, pool.sync_interval, pool.updates_per_batch):.1f} "
-                   "versions in it")
+                   "the buffer stays full, actors block on it, and every group waits in it "
+                   f"{(spec.buffer.capacity + 2 * pool.batch_groups) / groups_per_version(pool.batch_groups, pool.sync_interval, pool.updates_per_batch):.1f} versions")
     if prediction.scheduler_ops > SCHEDULER_OPS_LIMIT:
         out.append(f"~{prediction.scheduler_ops:.0f} scheduler ops/s (> {SCHEDULER_OPS_LIMIT}): the Dask "
-                   "scheduler, not the actors, will limit throughput; use larger groups or fewer, slower actors")
+                   "scheduler, not the actors, will limit throughput")
     return out
 
 
-def spec_pool(spec, actor_cores: float | None = None) -> Pool:
-    """The pool as the spec is written: a local cluster runs at most one actor per worker."""
-    actors = spec.actors.n_actors
-    if spec.actors.cluster == "local":
-        actors = min(actors, spec.actors.workers)
-    cores = actor_cores if actor_cores is not None else min(actors, os.cpu_count() or 1)
-    # At most: tokens (int32), log-probs (float32) and versions (int32) of max_len each.
-    group_bytes = spec.actors.group_size * spec.model.max_len * 12
-    return Pool(actors, cores, spec.learner.batch_groups, spec.sync.interval, spec.learner.updates_per_batch,
-                inline=group_bytes <= spec.buffer.inline_bytes)
+def actor_workers(spec) -> int:
+    """Actor processes: on a local cluster one per core the learner leaves (it keeps one),
+    elsewhere as the spec says."""
+    if spec.actors.cluster != "local":
+        return spec.actors.workers
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
-def audit_command(spec, *, target_busy: float, groups: int, train_steps: int, env_steps: int,
-                  actor_cores: float | None, json_path: Path | None) -> int:
+def spec_pool(spec) -> Pool:
+    """The pool and pace as the spec is written."""
+    return Pool(spec.actors.workers, spec.actors.actors, spec.learner.batch_groups, spec.sync.interval,
+                spec.learner.updates_per_batch, spec.buffer.capacity, retract=spec.actors.on_sync == "retract")
+
+
+def audit_command(spec, *, mode: str | None, groups: int, train_steps: int, env_steps: int,
+                  json_path: Path | None) -> int:
     from tasks.measure import measure
 
     m = measure(spec, env_steps=env_steps, groups=groups, train_steps=train_steps)
-    pool = spec_pool(spec, actor_cores)
+    pool = spec_pool(spec)
     prediction = predict(m, pool)
-    advice = recommend(m, spec.learner.batch_groups, target_busy, spec.learner.updates_per_batch)
-    found = warnings(m, spec, pool, prediction, target_busy)
-    print(render(spec, m, pool, prediction, advice, target_busy, found))
-    if json_path is not None:
-        json_path.write_text(json.dumps({
-            "measurements": m.to_json(), "pool": dataclasses.asdict(pool),
-            "prediction": dataclasses.asdict(prediction), "recommendation": dataclasses.asdict(advice),
-            "target_busy": target_busy, "warnings": found}, indent=2) + "\n")
+    mode = mode or spec.learner.mode
+    advice = recommend(m, spec, mode, actor_workers(spec))
+    found = warnings(m, spec, pool, prediction)
+    audit = {"measurements": m.to_json(), "pool": dataclasses.asdict(pool),
+             "prediction": dataclasses.asdict(prediction),
+             "recommendation": {**dataclasses.asdict(advice), "overrides": advice.overrides}, "warnings": found}
+    print(render(spec, m, pool, prediction, advice, found))
+    if json_path == Path("-"):
+        print("\n--- json\n" + json.dumps(audit))
+    elif json_path is not None:
+        json_path.write_text(json.dumps(audit, indent=2) + "\n")
+    sys.stdout.flush()
     return 0
 
 
-def render(spec, m, pool: Pool, p: Prediction, r: Recommendation, target_busy: float,
-           found: list[str]) -> str:
+def render(spec, m, pool: Pool, p: Prediction, r: Recommendation, found: list[str]) -> str:
     ms = lambda xs: f"p50 {np.median(xs) * 1e3:8.1f} ms  p99 {np.percentile(xs, 99) * 1e3:8.1f} ms"  # noqa: E731
-    mode = spec.learner.mode
     lines = [
-        f"audit of {spec.name} (learner.mode {mode}) on this machine",
+        f"audit of {spec.name} on this machine",
         f"  env step (own time)     {ms(m.env_step_s)}   + latency_s {m.latency_s:.3f} s",
-        f"  group, compute only     {ms(m.group_compute_s)}   turns {np.mean(m.group_turns):.1f}",
-        f"  group, with latency     {ms(m.group_s)}",
+        f"  group, played alone     {ms(m.group_compute_s)}   turns {np.mean(m.group_turns):.1f}, "
+        f"{m.episode_tokens:.1f} tokens an episode",
+        f"  one actor core          {m.actor_groups_per_s:.0f} groups/s ({spec.actors.actors} at once, latency off)",
         f"  groups kept             {m.kept:.0%} (not aborted, passing {list(spec.buffer.filters)})",
         f"  learner step            {ms(m.train_step_s)}   first (compile) {m.compile_s:.1f} s",
         f"  batching {m.batch_s * 1e3:.1f} ms/step, publishing {m.publish_s * 1e3:.1f} ms/version",
-        f"as written: {pool.actors} actors on {pool.actor_cores:g} cores, batch {pool.batch_groups} groups "
+        f"as written: {pool.workers} x {pool.actors} groups at once, batch {pool.batch_groups} groups "
         f"x {pool.updates_per_batch} steps, sync.interval {pool.sync_interval}",
         f"  produced {p.produced:.2f} groups/s, learner can consume {p.consumed:.2f} groups/s",
-        f"  predicted learner busy: {p.busy_async if mode == 'async' else p.busy_sync:.0%} "
-        f"(async {p.busy_async:.0%}, sync {p.busy_sync:.0%}); trained groups/s "
-        f"async {p.groups_per_s_async:.2f}, sync {p.groups_per_s_sync:.2f}",
-        f"recommended for learner busy {target_busy:.0%}:",
-        f"  actors.actors {r.actors} (on at least {r.actor_cores} cores; a local cluster needs "
-        f"actors.workers {r.actors}), buffer.capacity {r.capacity}, sync.interval {r.sync_interval}",
-        f"  predicted busy {r.busy:.0%}; a group is at most ~{r.max_staleness:.1f} versions stale when taken",
+        f"  predicted learner busy: async {p.busy_async:.0%}, sync {p.busy_sync:.0%}; "
+        f"async staleness ~{p.staleness_updates:.1f} updates ({p.staleness_versions:.1f} versions)",
+        f"recommended for learner.mode {r.mode} (predicted busy {r.busy:.0%}, staleness {r.staleness_updates:.1f} updates):",
+        "  " + " ".join(f"--set {o}" for o in r.overrides),
+        *[f"  because {w}" for w in r.why],
     ]
     lines += [f"warning: {w}" for w in found]
     return "\n".join(lines)

@@ -1,27 +1,66 @@
-"""`tandem`: validate, run and resume experiment specs.
+"""`tandem`: validate, run and resume experiment specs; report on runs; the local Prefect server.
 
 Exit codes: 0 success, 1 the run failed, 2 a bad spec: one that does not validate, or
 that cannot run from here (an environment, filter or cluster class that does not import,
-a data file that does not read), found before anything starts.
+a data file that does not read), found before anything starts; 130 interrupted (Ctrl-C:
+the run stopped on a checkpoint, and `tandem resume RUN_DIR` continues it).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import fcntl
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 from flows.spec import Spec, SpecError, load_spec
 
 BAD_SPEC = 2
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+_verbose = False  # `--verbose`: the terminal shows Prefect's and Dask's INFO logs too
+_training = False  # once the flow runs, Ctrl-C stops the learner on a checkpoint (`_on_sigint`)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `tandem` command (`argv` None: the command line), or its `argv` (tests)."""
+    global _exit_code
+    code = _main(argv)
+    if argv is None:  # the console script, which exits with it next: see `_exit_at_once`
+        _exit_code = code
+    return code
+
+
+_exit_code: int | None = None
+
+
+def _exit_at_once() -> None:
+    """Registered on import, before Prefect registers its handlers (which send the last logs
+    and events), so it runs after them: the `tandem` command then leaves without the
+    interpreter's teardown of JAX's and Prefect's objects, a second or two."""
+    if _exit_code is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_code)
+
+
+atexit.register(_exit_at_once)
+
+
+def _main(argv: list[str] | None) -> int:
+    global _verbose
     args = _parser().parse_args(argv)
     if args.command == "report":
         from flows.report import report_command
 
         return report_command(args.run_dir)
+    if args.command == "server":
+        from flows.server import server_command
+
+        return server_command(args.action, args.port)
     try:
         spec = _spec(args)
     except SpecError as e:
@@ -33,19 +72,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "audit":
         from flows.audit import audit_command
 
-        return audit_command(spec, target_busy=args.target_busy, groups=args.groups,
-                             train_steps=args.train_steps, env_steps=args.env_steps,
-                             actor_cores=args.actor_cores, json_path=args.json)
+        return audit_command(spec, mode=args.mode, groups=args.groups, train_steps=args.train_steps,
+                             env_steps=args.env_steps, json_path=args.json)
+    _verbose = args.verbose
+    if args.command == "resume" and (version := latest_version(spec.run_dir)) is not None:
+        print(f"Resuming {shown(spec.run_dir)} from its checkpoint of version {version} "
+              f"(step {version * spec.sync.interval})")
+    if args.command == "run" and not _new_or_continued(spec, fresh=args.fresh):
+        return 1
     return _run(spec)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, help_ in (("validate", ("check a spec, and that its modules import and its data file reads; "
-                                      "print every error with its field and line")),
-                        ("run", "run a spec (resumes if its run directory has checkpoints)")):
-        command = commands.add_parser(name, help=help_)
+    validate = commands.add_parser("validate", help=("check a spec, and that its modules import and its data "
+                                                     "file reads; print every error with its field and line"))
+    run = commands.add_parser("run", help="run a spec (continues the run in its run directory, if any)")
+    run.add_argument("--fresh", action="store_true",
+                     help="start anew: a previous run in the run directory is moved to RUN_DIR.N")
+    for command in (validate, run):
         command.add_argument("spec", type=Path)
         command.add_argument("--set", dest="overrides", action="append", default=[],
                              metavar="PATH=VALUE", help="override a field; VALUE is parsed as YAML")
@@ -53,20 +99,31 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                         help="override a field of the run's spec (e.g. learner.steps=400 to extend it)")
-    audit = commands.add_parser("audit", help="measure env, actor and learner times here; size the actor pool")
+    for command in (run, resume):
+        command.add_argument("--verbose", action="store_true",
+                             help=("show every INFO log of Prefect and Dask (default: warnings, and the few "
+                                   "that matter: a resume, a retry, why it stopped)"))
+    _audit_parser(commands)
+    report = commands.add_parser("report", help="plot a run's metrics into RUN_DIR/report/ and RUN_DIR/tensorboard/")
+    report.add_argument("run_dir", type=Path)
+    server = commands.add_parser("server", help="the local Prefect server runs use (it outlives them)")
+    server.add_argument("action", choices=("start", "stop", "status"))
+    server.add_argument("--port", type=int, default=None,
+                        help="default: $TANDEM_PREFECT_PORT, else 4200")
+    return parser
+
+
+def _audit_parser(commands) -> None:
+    audit = commands.add_parser("audit", help="measure env, actors and learner here; recommend the pool and pace")
     audit.add_argument("spec", type=Path)
     audit.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                        help="override a field; VALUE is parsed as YAML")
-    audit.add_argument("--target-busy", type=float, default=0.9, help="learner busy fraction to size for")
+    audit.add_argument("--mode", choices=("async", "sync"), default=None,
+                       help="the learner.mode to recommend settings for (default: the spec's)")
     audit.add_argument("--groups", type=int, default=8, help="groups to play and time")
     audit.add_argument("--train-steps", type=int, default=5, help="learner steps to time")
     audit.add_argument("--env-steps", type=int, default=200, help="environment steps to time")
-    audit.add_argument("--actor-cores", type=float, default=None,
-                       help="cores the actors get (default: one per actor, up to this machine's)")
-    audit.add_argument("--json", type=Path, default=None, help="also write the audit here")
-    report = commands.add_parser("report", help="plot a run's metrics into RUN_DIR/report/ and RUN_DIR/tensorboard/")
-    report.add_argument("run_dir", type=Path)
-    return parser
+    audit.add_argument("--json", type=Path, default=None, help="also write the audit here ('-': to stdout)")
 
 
 def _spec(args: argparse.Namespace) -> Spec:
@@ -77,23 +134,143 @@ def _spec(args: argparse.Namespace) -> Spec:
     return load_spec(args.spec, args.overrides)
 
 
+def _new_or_continued(spec: Spec, fresh: bool) -> bool:
+    """`tandem run` on a run directory in use: says that it continues that run, or (`fresh`)
+    moves that run aside. False if the directory belongs to a running learner."""
+    run_dir, version = spec.run_dir, latest_version(spec.run_dir)
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return True
+    if _locked(run_dir):
+        print(f"{shown(run_dir)} is in use by a running learner", file=sys.stderr)
+        return False
+    if fresh:
+        aside = next(p for n in range(1, 10_000) if not (p := run_dir.with_name(f"{run_dir.name}.{n}")).exists())
+        run_dir.rename(aside)
+        print(f"Starting anew; the previous run is now {shown(aside)}")
+    elif version is not None:
+        print(f"{shown(run_dir)} holds a run (checkpoint of version {version}, step {version * spec.sync.interval}): "
+              f"continuing it. To start anew: add --fresh (the old run is kept as {shown(run_dir)}.N)")
+    return True
+
+
+def _locked(run_dir: Path) -> bool:
+    """Whether a learner holds the run directory's lock (`tasks.runtime.task.LOCK_FILE`)."""
+    if not (run_dir / "learner.lock").exists():
+        return False
+    with (run_dir / "learner.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
+
+
 def _run(spec: Spec) -> int:
+    """Trains `spec` through the flow, with a live display. A first Ctrl-C ends training
+    on its next version (checkpointed) and exits 130; a second stops it at once."""
+    global _training
+    from rich.console import Console
+
+    from tasks.runtime.interrupt import INTERRUPT
+
+    console, started = Console(highlight=False, soft_wrap=True), time.monotonic()
+    if not console.is_terminal:  # a pipe, a CI log: long lines rather than wrapped ones
+        console.width = 200
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        state, last = _train(spec, console)
+    except KeyboardInterrupt:  # before the flow started: nothing to stop
+        console.print("Interrupted before training started.")
+        return INTERRUPTED
+    except RuntimeError as e:  # the local Prefect server did not start
+        print(e, file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _training = False
+    try:
+        return _outcome(console, spec, state, last, time.monotonic() - started)
+    finally:
+        INTERRUPT.clear()
+
+
+def _on_sigint(signum, frame) -> None:
+    from tasks.runtime.interrupt import INTERRUPT
+
+    if not _training:
+        raise KeyboardInterrupt
+    INTERRUPT.request()
+
+
+def _train(spec: Spec, console):
+    """Runs the flow, reporting to the configured Prefect API or a local server; its state,
+    and the last step the live display showed (a `Progress`, None if none)."""
+    global _training
     from flows.server import ensure_api, ui_url
 
+    api_url, origin = ensure_api()
+    stop = f"{tandem_command()} server stop"
+    note = {"started": f" (a local server, started now; it keeps running after the run: `{stop}` stops it)",
+            "running": f" (the local server, already running; `{stop}` stops it)"}.get(origin, "")
+    console.print(f"Prefect UI: {ui_url(api_url)}{note}")
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from flows.console import LiveDisplay, terminal_logging
     from flows.train import train
+    from tasks.records.loggers import PROGRESS_FEED
 
-    api_url = ensure_api()
-    print(f"Prefect UI: {ui_url(api_url)}  (API {api_url})", flush=True)
-    with temporary_settings(updates={PREFECT_API_URL: api_url}):
-        state = train(spec, return_state=True)
+    with (temporary_settings(updates={PREFECT_API_URL: api_url}), terminal_logging(console, _verbose),
+          LiveDisplay(console, spec.learner.steps, spec.learner.stop_at_success) as display,
+          PROGRESS_FEED.subscribed(display.update)):
+        _training = True
+        return train(spec, return_state=True), display.last
+
+
+def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
+    """Says how the run ended and what to do next; the exit code."""
+    from tasks.runtime.interrupt import INTERRUPT
+
+    run_dir = shown(spec.run_dir)
+    if INTERRUPT.is_set():
+        version = latest_version(spec.run_dir)
+        step = version * spec.sync.interval if version is not None else 0
+        where = f"its checkpoint of version {version} (step {step})" if version is not None else "the start"
+        again = f"; steps {step + 1}-{last.step} are trained again" if last and last.step > step else ""
+        console.print(f"Interrupted (Ctrl-C) after {_minutes(seconds)}; the run resumes from {where}{again}.")
+        console.print(f"Resume with: {tandem_command()} resume {run_dir}")
+        return INTERRUPTED
     if not state.is_completed():
         print(f"run failed: {state.message}", file=sys.stderr)
         return 1
-    result = state.result()
-    print(f"done: step {result['step']}, version {result['version']}, run directory {spec.run_dir.resolve()}")
+    from flows.train import ended
+
+    console.print(f"{ended(state.result())} after {_minutes(seconds)}. Run directory: {run_dir}")
+    console.print(f"Plots: {tandem_command()} report {run_dir}")
     return 0
+
+
+def latest_version(run_dir: Path) -> int | None:
+    """The run directory's latest committed checkpoint (Orbax's temporary ones are named
+    N.orbax-checkpoint-tmp-...)."""
+    checkpoints = run_dir / "checkpoints"
+    versions = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.is_dir() else []
+    return max(versions, default=None)
+
+
+def tandem_command() -> str:
+    """This command as the user can type it again: `.venv/bin/tandem` from the checkout."""
+    path = Path(sys.argv[0])
+    return shown(path) if path.name == "tandem" and path.exists() else "tandem"
+
+
+def shown(path: Path) -> str:
+    """`path` relative to the working directory when inside it, else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ TensorBoard events.
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import sys
 from pathlib import Path
 from typing import Callable
@@ -31,10 +33,12 @@ def _reward(fig: Figure, records: list[dict]) -> None:
     axes = fig.subplots(1, 2, sharey=True)
     for ax, xs, label in ((axes[0], [r["step"] for r in records], "step"),
                           (axes[1], [r["time"] - start for r in records], "wall time (s)")):
-        ax.plot(xs, [r["reward_mean"] for r in records], label="reward (mean)")
+        # Where reward is 1 for a win and 0 otherwise the two curves coincide: success is
+        # drawn wide and pale underneath, so the reward line shows on top of it.
         if any("success_rate" in r for r in records):
             pairs = [(x, r["success_rate"]) for x, r in zip(xs, records) if "success_rate" in r]
-            ax.plot(*zip(*pairs), label="success rate")
+            ax.plot(*zip(*pairs), label="success rate", color="tab:orange", linewidth=5, alpha=0.4)
+        ax.plot(xs, [r["reward_mean"] for r in records], label="reward (mean)", color="tab:blue", linewidth=1.2)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].legend(loc="best", fontsize="small")
@@ -52,7 +56,7 @@ def _learner_busy(fig: Figure, records: list[dict]) -> None:
 def _buffer_depth(fig: Figure, records: list[dict]) -> None:
     ax = fig.subplots()
     ax.step([r["step"] for r in records], [r["buffer_depth"] for r in records], where="post")
-    ax.set(xlabel="step", ylabel="groups in the buffer", title="Buffer depth")
+    ax.set(xlabel="step", ylabel="groups buffered", title="Buffered groups (queued or prefetched)")
     ax.grid(alpha=0.3)
 
 
@@ -70,9 +74,10 @@ def _staleness(fig: Figure, records: list[dict]) -> None:
         ax.text(0.5, 0.5, "no groups recorded", transform=ax.transAxes, ha="center")
 
 
-def _exclusions(fig: Figure, records: list[dict]) -> None:
-    """`excluded` is cumulative, so the last record holds the run's totals."""
-    excluded = records[-1].get("excluded", {})
+def _exclusions(fig: Figure, records: list[dict], excluded: dict[str, int] | None = None) -> None:
+    """The run's totals: `excluded` (from `accounting.json`, written when the run ends), else
+    the last record's (cumulative, but groups keep finishing after the last step)."""
+    excluded = records[-1].get("excluded", {}) if excluded is None else excluded
     ax = fig.subplots()
     ax.barh(list(excluded), list(excluded.values()))
     ax.set(xlabel="groups excluded", title=f"Exclusions by reason (total {sum(excluded.values())})")
@@ -90,10 +95,13 @@ PLOTS: dict[str, Callable[[Figure, list[dict]], None]] = {
 }
 
 
-def render_plots(records: list[dict]) -> dict[str, bytes]:
-    """PNG bytes of every plot, by name."""
+def render_plots(records: list[dict], accounting: dict | None = None) -> dict[str, bytes]:
+    """PNG bytes of every plot, by name; exclusions from `accounting` when given."""
+    plots = dict(PLOTS)
+    if accounting is not None:  # the same totals as `accounting.json`
+        plots["exclusions"] = functools.partial(_exclusions, excluded=accounting["excluded"])
     pngs = {}
-    for name, draw in PLOTS.items():
+    for name, draw in plots.items():
         fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
         draw(fig, records)
         buffer = io.BytesIO()
@@ -108,7 +116,9 @@ def write_report(run_dir: Path) -> dict[str, bytes]:
     records = MetricsLog(run_dir / "metrics.jsonl").read()
     if not records:
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'}: no metrics recorded")
-    pngs = render_plots(records)
+    accounting_file = run_dir / "accounting.json"
+    accounting = json.loads(accounting_file.read_text()) if accounting_file.exists() else None
+    pngs = render_plots(records, accounting)
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
     for name, png in pngs.items():

@@ -1,13 +1,15 @@
 """The Prefect API a run reports to: `PREFECT_API_URL` if set, else a local server.
 
-The local server listens on loopback, keeps its SQLite database in PREFECT_HOME, and
-outlives the run (it is reused by the next one), so the UI keeps showing past runs.
+The local server listens on loopback (port `TANDEM_PREFECT_PORT`, default 4200), keeps
+its SQLite database in PREFECT_HOME, and outlives the run (it is reused by the next one),
+so the UI keeps showing past runs; `tandem server stop` stops it.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +17,10 @@ import urllib.request
 from pathlib import Path
 
 DEFAULT_PORT = 4200
+
+
+def local_port() -> int:
+    return int(os.environ.get("TANDEM_PREFECT_PORT", DEFAULT_PORT))
 
 
 def configured_api_url() -> str | None:
@@ -62,15 +68,85 @@ def start_local_server(port: int = DEFAULT_PORT, home: Path | None = None,
     raise RuntimeError(f"prefect server did not answer within {timeout_s:.0f}s")
 
 
-def ensure_api() -> str:
-    """The API URL to use, starting a local server if none is configured."""
+def ensure_api() -> tuple[str, str]:
+    """The API URL to use, starting a local server if none is configured; and where it
+    comes from: "configured", "running" (a local server, reused) or "started"."""
     url = configured_api_url()
     if url:
-        return url
-    url, _ = start_local_server(int(os.environ.get("TANDEM_PREFECT_PORT", DEFAULT_PORT)))
+        return url, "configured"
+    url, process = start_local_server(local_port())
     os.environ["PREFECT_API_URL"] = url
-    return url
+    return url, "running" if process is None else "started"
+
+
+def server_pid(port: int) -> int | None:
+    """The Prefect server listening on 127.0.0.1:`port`, if one is."""
+    import psutil  # a dependency of distributed
+
+    for connection in psutil.net_connections("tcp"):
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
+            try:
+                command = " ".join(psutil.Process(connection.pid).cmdline())
+            except psutil.Error:
+                continue
+            if "prefect" in command and "server" in command:
+                return connection.pid
+    return None
+
+
+def stop_local_server(port: int, timeout_s: float = 30.0) -> int | None:
+    """Stops the Prefect server on `port` (its process group: a server Tandem started is the
+    leader of its own); returns its pid, None if none was running."""
+    pid = server_pid(port)
+    if pid is None:
+        return None
+    if os.getpgid(pid) == pid:
+        os.killpg(pid, signal.SIGTERM)
+    else:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def ui_url(api_url: str) -> str:
     return api_url.rstrip("/").removesuffix("/api")
+
+
+def server_command(action: str, port: int | None) -> int:
+    """`tandem server start|stop|status`: the local server `tandem run` uses when
+    `PREFECT_API_URL` is not set. Exit 0, or 1 for `status` when none is running."""
+    port = local_port() if port is None else port
+    url = f"http://127.0.0.1:{port}"
+    if action == "start":
+        try:
+            _, process = start_local_server(port)
+        except RuntimeError as e:
+            print(e, file=sys.stderr)
+            return 1
+        print(f"Prefect server at {url} ({'started' if process else 'already running'}, pid {server_pid(port)}); "
+              f"stop it with: tandem server stop{_port_flag(port)}")
+    elif action == "stop":
+        pid = stop_local_server(port)
+        print(f"stopped the Prefect server at {url} (pid {pid})" if pid else f"no Prefect server at {url}")
+    else:
+        pid = server_pid(port)
+        print(f"Prefect server at {url} (pid {pid})" if pid else f"no Prefect server at {url}")
+        return 0 if pid else 1
+    return 0
+
+
+def _port_flag(port: int) -> str:
+    return "" if port == local_port() else f" --port {port}"

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Cancelled
 
 from flows.report import publish_report
 from flows.spec import Spec
 from tasks.actors.cluster import actor_cluster
+from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
 from tasks.runtime.task import learn
+
+STOPPED = {"steps": "Finished", "success": "Stopped early at the success target",
+           "interrupted": "Interrupted (Ctrl-C)"}
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -26,18 +32,33 @@ def prepare_run_dir(spec: Spec) -> Path:
 
 
 @flow(name="tandem-train", log_prints=True)
-def train(spec: Spec) -> dict:
-    """Trains the spec's agent: actors on Dask stream groups to the learner task."""
+def train(spec: Spec):
+    """Trains the spec's agent: actors on Dask stream groups to the learner task. Returns
+    where training ended (`step`, `version`, `stopped`, `accounting`); a Cancelled state
+    (with that result) if Ctrl-C stopped it."""
     run_dir = prepare_run_dir(spec)
-    with actor_cluster(spec.actors) as address:
-        result = learn(spec, address)
+    with contextlib.ExitStack() as stack:
+        with ignoring_sigint():  # the actors play on through a Ctrl-C (tasks.runtime.interrupt)
+            address = stack.enter_context(actor_cluster(spec.actors))
+        # A Ctrl-C while the cluster started: nothing trained, nothing to stop.
+        result = {"stopped": "at once"} if INTERRUPT.is_set() else learn(spec, address)
+    if INTERRUPT.is_set():  # out quickly: `tandem report` plots the run when asked
+        return Cancelled(message=f"{ended(result)}; `tandem resume {run_dir}` continues it", data=result)
     publish_report(run_dir, run_name=spec.name, markdown=_summary(spec, run_dir, result))
     return result
 
 
+def ended(result: dict) -> str:
+    if "step" not in result:
+        return "Stopped at once (Ctrl-C twice)"
+    return f"{STOPPED.get(result['stopped'], 'Stopped')} at step {result['step']}, version {result['version']}"
+
+
 def _summary(spec: Spec, run_dir: Path, result: dict) -> str:
     acc = result["accounting"]
-    return (f"# {spec.name}\n\nFinished at step {result['step']}, version {result['version']}.\n\n"
-            f"Run directory: `{run_dir}`\n\n| started | in flight | buffered | consumed | excluded |\n"
-            f"|---|---|---|---|---|\n| {acc['started']} | {acc['in_flight']} | {acc['buffered']} | "
-            f"{acc['consumed']} | {acc['excluded']} |\n")
+    excluded = "".join(f"| {reason} | {n} |\n" for reason, n in sorted(acc["excluded"].items())) or "| none | 0 |\n"
+    return (f"# {spec.name}\n\n{ended(result)}.\n\nRun directory: `{run_dir}`\n\n"
+            f"| groups started | in flight | buffered | consumed | excluded | retried |\n"
+            f"|---|---|---|---|---|---|\n| {acc['started']} | {acc['in_flight']} | {acc['buffered']} | "
+            f"{acc['consumed']} | {sum(acc['excluded'].values())} | {acc['retried']} |\n\n"
+            f"| excluded because | groups |\n|---|---|\n{excluded}")

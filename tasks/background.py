@@ -5,7 +5,10 @@ surfaced to its owner the same way, at the owner's next call, instead of dying s
 
 from __future__ import annotations
 
+import logging
 import threading
+
+log = logging.getLogger(__name__)  # in the learner process, relayed to its task's log
 
 
 class Background:
@@ -27,13 +30,16 @@ class Background:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> bool:
-        """Asks the thread to stop and waits up to `timeout_s`; False if it is still running
-        (hung on a scheduler or worker that does not answer: it is a daemon, and dies with
-        the process)."""
+        """Asks the thread to stop and waits up to `timeout_s`; False, and a warning, if it
+        is still running (hung on a scheduler or worker that does not answer: it is a
+        daemon, and dies with the process)."""
         self._stopping.set()
         self._wake()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning(f"{self.name} did not stop within {timeout_s:g}s (waiting on a Dask scheduler "
+                            "or worker that does not answer?); given up on")
         return not self._thread.is_alive()
 
     def raise_if_failed(self) -> None:

@@ -36,7 +36,7 @@ class ActorsConfig(Frozen):
     `actors` groups at once through one batched generation engine of `slots` decode slots."""
 
     cluster: str = "local"  # "local" (a LocalCluster of processes), "tcp://host:8786", or "module:Class"
-    workers: PositiveInt = 2  # actor processes: Dask workers, one actor task each
+    workers: PositiveInt = 1  # actor processes: Dask workers, one actor task each
     actors: PositiveInt = 16  # groups each actor process plays at once
     slots: PositiveInt = 128  # decode slots of each process's engine: episodes generating together
     group_size: int = Field(8, ge=2)  # episodes per prompt (the GRPO group)
@@ -73,7 +73,7 @@ class ActorsConfig(Frozen):
 
 
 class BufferConfig(Frozen):
-    capacity: PositiveInt = 32  # groups; producers block when the buffer is full
+    capacity: PositiveInt = 16  # groups the learner holds ahead; then producers block (backpressure)
     max_staleness: int | None = Field(None, ge=0)  # None: the exit check is off
     filters: tuple[str, ...] = ("zero_variance",)  # entry filters: built-in name or "module:function"
     retry: tuple[Literal["aborted", "stale"], ...] = ("aborted", "stale")

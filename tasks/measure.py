@@ -4,11 +4,15 @@ For one spec it times
 - the environment's own `step` (called directly, with random actions from the tokenizer's
   alphabet); `env.latency_s` is not slept here: an actor spends it asleep, so it is added
   to a group's time arithmetically;
-- a group's compute and turns: a `GroupRunner` with the spec's model at random init and
-  the latency off (the first `warmup` groups, which compile the sampler, are not counted),
-  and the share of groups the buffer would keep (not aborted, passing the entry filters);
-- the learner's step on a batch of those groups (`TrainStep`, the compile timed apart),
-  building that batch (`batch_of_groups`) and copying the weights to the host to publish them.
+- a group played alone, latency off: its compute and turns (the first `warmup` groups,
+  which compile the engine, are not counted), its episodes' length, and the share of
+  groups the buffer would keep (not aborted, passing the entry filters);
+- an actor process at full load: groups per second with `actors.actors` groups at once
+  through one engine, latency off, in a process pinned to one core as a local cluster's
+  worker runs;
+- the learner's step on a batch of the played groups (`TrainStep`, the compile timed
+  apart), in a process pinned to the learner's cores; building that batch
+  (`batch_of_groups`) and copying the weights to the host to publish them.
 `flows.audit` turns these into a prediction and a recommendation.
 """
 
@@ -18,8 +22,13 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import os
+import pickle
 import random
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -33,7 +42,10 @@ from tasks.buffer.prompts import PromptSource
 from tasks.actors.envs import resolve_entrypoint
 from tasks.buffer.filters import resolve_filter
 from tasks.actors.generation import local_generation
+from tasks.actors.cluster import ACTOR_ENV
 from tasks.actors.rollout import GroupRunner
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +54,12 @@ class Measurements:
 
     env_step_s: tuple[float, ...]  # env.step's own time per call, latency_s excluded
     latency_s: float  # env.latency_s of the spec: slept before every step
-    group_compute_s: tuple[float, ...]  # per group: generation and env calls, no latency
-    group_turns: tuple[int, ...]  # per group: turns played (the longest episode's; lockstep)
+    group_compute_s: tuple[float, ...]  # per group played alone: generation and env calls, no latency
+    group_turns: tuple[int, ...]  # per group: turns of its longest episode
+    episode_tokens: float  # mean tokens of an episode (what a batch packs)
     kept: float  # fraction of groups the buffer keeps (not aborted, passing the filters)
-    train_step_s: tuple[float, ...]  # per learner step after the compile
+    actor_groups_per_s: float  # one actor process on one core, latency off, actors.actors groups at once
+    train_step_s: tuple[float, ...]  # per learner step after the compile, on the learner's cores
     compile_s: float  # the first learner step: compile and run
     batch_s: float  # batch_of_groups per step (host, before the step)
     publish_s: float  # weights to host NumPy, once per version
@@ -63,18 +77,29 @@ class Measurements:
         return dataclasses.asdict(self)
 
 
-def measure(spec, *, env_steps: int = 200, groups: int = 8, train_steps: int = 5,
-            warmup: int = 1, seed: int = 0) -> Measurements:
-    """Measures `spec` (a `flows.spec.Spec`; anything with its sections) on this machine."""
+def measure(spec, *, env_steps: int = 200, groups: int = 8, train_steps: int = 5, actor_seconds: float = 8.0,
+            warmup: int = 1, seed: int = 0, cores: tuple[set[int], set[int]] | None = None) -> Measurements:
+    """Measures `spec` (a `flows.spec.Spec`) on this machine; `cores` = (learner's, actor's),
+    by default the last core for the learner and the first for an actor process."""
+    learner_cores, actor_cores = cores or split_cores()
     env_step_s = measure_env(spec, env_steps, seed)
     played = measure_groups(spec, groups, warmup, seed)
     filters = [resolve_filter(name) for name in spec.buffer.filters]
-    kept = [g for g, _, _ in played if not g.aborted and all(f(g) for f in filters)]
-    train = measure_learner(spec, [g for g, _, _ in played if not g.aborted], train_steps, seed)
+    finished = [g for g, _, _ in played if not g.aborted]
+    kept = [g for g in finished if all(f(g) for f in filters)]
+    rate = _pinned("actor_rate", actor_cores, spec, seconds=actor_seconds, seed=seed)
+    train = _pinned("learner", learner_cores, spec, groups=finished, steps=train_steps, seed=seed)
+    lengths = [len(s) for g in finished for s in g.samples] or [spec.model.max_len]
     return Measurements(
         env_step_s=tuple(env_step_s), latency_s=spec.env.latency_s,
         group_compute_s=tuple(s for _, s, _ in played), group_turns=tuple(t for _, _, t in played),
-        kept=len(kept) / len(played), **train)
+        episode_tokens=float(np.mean(lengths)), kept=len(kept) / len(played), actor_groups_per_s=rate, **train)
+
+
+def split_cores() -> tuple[set[int], set[int]]:
+    """(learner's cores, one actor process's core): the last core, and the first."""
+    cores = sorted(os.sched_getaffinity(0))
+    return ({cores[-1]}, {cores[0]}) if len(cores) > 1 else (set(cores), set(cores))
 
 
 def measure_env(spec, steps: int, seed: int) -> list[float]:
@@ -104,7 +129,7 @@ def measure_groups(spec, n: int, warmup: int, seed: int) -> list[tuple[Group, fl
     envs = [env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)]
     out = []
     with local_generation(spec.model, spec.actors, jax.device_get(init_params(spec.model, seed))) as service:
-        runner = GroupRunner.build(service.generate, no_latency, spec.actors, spec.model, seed)
+        runner = GroupRunner.build(service, no_latency, spec.actors, spec.model, seed)
         for i in range(warmup + n):
             prompt = source.next()
             play = functools.partial(runner.run, prompt.id, prompt.text, 0, envs)
@@ -119,6 +144,38 @@ def measure_groups(spec, n: int, warmup: int, seed: int) -> list[tuple[Group, fl
             if i >= warmup:
                 out.append((group, seconds, _turns(group, spec.env.max_turns)))
     return out
+
+
+def measure_actor_rate(spec, seconds: float, seed: int) -> float:
+    """Groups per second of one actor process, latency off, `actors.actors` groups at once
+    (each replaced by the next prompt as it finishes), after a warm-up that compiles."""
+    env_class = resolve_entrypoint(spec.env.entrypoint)
+    no_latency = spec.env.model_copy(update={"latency_s": 0.0})
+    source = PromptSource(spec.data, env_class, spec.env.kwargs, seed)
+    envs = [[env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)] for _ in range(spec.actors.actors)]
+
+    async def play(runner, until: float) -> int:
+        done = 0
+
+        async def loop(env_set):
+            nonlocal done
+            while time.perf_counter() < until:
+                prompt = source.next()
+                await runner.run(prompt.id, prompt.text, 0, env_set)
+                done += 1
+
+        await asyncio.gather(*(loop(e) for e in envs))
+        return done
+
+    with local_generation(spec.model, spec.actors, jax.device_get(init_params(spec.model, seed))) as service:
+        runner = GroupRunner.build(service, no_latency, spec.actors, spec.model, seed)
+        compiled, deadline = None, time.perf_counter() + 120
+        while service.engine.compiles != compiled and time.perf_counter() < deadline:  # until no shape is new
+            compiled = dict(service.engine.compiles)
+            asyncio.run(play(runner, time.perf_counter() + 2.0))
+        start = time.perf_counter()
+        done = asyncio.run(play(runner, start + seconds))
+        return done / (time.perf_counter() - start)
 
 
 def measure_learner(spec, groups: list[Group], steps: int, seed: int) -> dict:
@@ -142,6 +199,19 @@ def measure_learner(spec, groups: list[Group], steps: int, seed: int) -> dict:
     params_numpy(state)
     publish_s = time.perf_counter() - start
     return {"train_step_s": tuple(times), "compile_s": compile_s, "batch_s": batch_s, "publish_s": publish_s}
+
+
+def _pinned(what: str, cores: set[int], spec, **kwargs):
+    """`measure_actor_rate` or `measure_learner` in a process of its own on `cores`, with the
+    XLA settings an actor process runs with (its threads are then the cores' only load)."""
+    env = {**os.environ, **(ACTOR_ENV if what == "actor_rate" else {}), "PYTHONPATH": str(ROOT)}
+    # `taskset` pins every thread the child starts (XLA's pool included); a `preexec_fn`
+    # would fork this process, whose JAX threads make forking unsafe.
+    command = ["taskset", "-c", ",".join(map(str, sorted(cores))), sys.executable, "-m", "tasks.measure"]
+    done = subprocess.run(command, input=pickle.dumps((what, spec, kwargs)), capture_output=True, env=env, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"measuring {what} failed: {done.stderr.decode(errors='replace')[-2000:]}")
+    return pickle.loads(done.stdout)
 
 
 def _batch_groups(spec, groups: list[Group]) -> list[Group]:
@@ -176,3 +246,9 @@ def _call(method, *args):
     if inspect.iscoroutinefunction(method):
         return asyncio.run(method(*args))
     return method(*args)
+
+
+if __name__ == "__main__":  # `_pinned`'s child: (what, spec, kwargs) on stdin, its result on stdout
+    what, spec, kwargs = pickle.loads(sys.stdin.buffer.read())
+    result = {"actor_rate": measure_actor_rate, "learner": measure_learner}[what](spec, **kwargs)
+    sys.stdout.buffer.write(pickle.dumps(result))

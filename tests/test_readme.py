@@ -28,7 +28,7 @@ def test_worked_example_environment_plays_a_group(tmp_path, monkeypatch):
     env_class = resolve_entrypoint(spec.env.entrypoint)
     prompt = env_class(**spec.env.kwargs).task(__import__("random").Random(0))
     with local_generation(spec.model, spec.actors, jax.device_get(init_params(spec.model, 0))) as service:
-        runner = GroupRunner.build(service.generate, spec.env, spec.actors, spec.model)
+        runner = GroupRunner.build(service, spec.env, spec.actors, spec.model)
         group = asyncio.run(runner.run(0, prompt, 0, [env_class(**spec.env.kwargs) for _ in range(4)]))
     assert group.aborted is None and len(group.samples) == 4
     assert all(s.success is not None for s in group.samples)

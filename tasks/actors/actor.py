@@ -94,7 +94,7 @@ class _Actor:
         # One environment per episode played at once, reused through `reset`.
         self.envs = [[env_class(**setup.env.kwargs) for _ in range(setup.actors.group_size)]
                      for _ in range(setup.actors.actors)]
-        self.runner = GroupRunner.build(service.generate, setup.env, setup.actors, setup.model, setup.seed)
+        self.runner = GroupRunner.build(service, setup.env, setup.actors, setup.model, setup.seed)
         self.stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "queue_put_s": 0.0}
 
     async def run(self) -> dict:
@@ -116,7 +116,8 @@ class _Actor:
             for task in playing:
                 task.cancel()
             flusher.cancel()
-        return self.stats
+        # Shapes compiled by this process's engine, bounded by its slots and window (learner.engine).
+        return {**self.stats, "compiles": self.service.engine.compiles, "prefix": self.service.engine.admitted}
 
     async def _start(self, prompt: Prompt, playing: set) -> None:
         """Starts playing `prompt` once an environment set is free."""

@@ -52,6 +52,7 @@ class GenerationService(Background):
         self.engine = engine
         self._lock = threading.Lock()
         self._inbox: collections.deque[tuple[Request, asyncio.Future]] = collections.deque()
+        self._ended: list = []  # prefix keys of episodes that ended: their warm slots go cold
         self._load: tuple[int, Any] | None = None
         self._work = threading.Event()  # set when there is something to take
         self._waiting: dict[int, asyncio.Future] = {}  # by engine request id
@@ -64,6 +65,11 @@ class GenerationService(Background):
             self._inbox.append((request, future))
         self._work.set()
         return await future
+
+    def release(self, prefix_key) -> None:
+        """An episode ended: the slot that kept its context warm may go to anyone."""
+        with self._lock:
+            self._ended.append(prefix_key)
 
     def load(self, version: int, params: Any) -> None:
         """Hands the newest weights over; the engine takes them before its next step."""
@@ -85,6 +91,9 @@ class GenerationService(Background):
             load, self._load = self._load, None
             requests = list(self._inbox)
             self._inbox.clear()
+            ended, self._ended = self._ended, []
+        for prefix_key in ended:
+            self.engine.release(prefix_key)
         if load is not None:
             self.engine.load(*load)
             self.version = load[0]

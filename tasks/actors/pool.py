@@ -1,4 +1,9 @@
-"""The session's actors: long-running Dask futures, started together and stopped together."""
+"""The session's actors: long-running Dask futures, started together and stopped together.
+
+Every request to the scheduler or a worker here has a deadline (SCHEDULER_TIMEOUT_S): a
+hung scheduler or a dead worker fails the learner, or is given up on loudly while
+stopping, instead of hanging it.
+"""
 
 from __future__ import annotations
 
@@ -7,38 +12,64 @@ from typing import Callable
 from distributed import Client
 
 from tasks.actors.actor import ActorSetup, run_actor
-from tasks.buffer.channels import stop_actors
+from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, stop_actors
 
 
 class ActorPool:
-    def __init__(self, client: Client, setup: ActorSetup, n_actors: int, log: Callable[[str], None]):
+    def __init__(self, client: Client, setup: ActorSetup, n_actors: int, log: Callable[[str], None],
+                 warn: Callable[[str], None] | None = None):
         self.client, self.setup, self.n_actors, self.log = client, setup, n_actors, log
+        self.warn = warn or log
         self.futures: list = []
 
     def start(self) -> None:
-        """One actor per worker while there are enough: each process has one engine."""
-        workers = sorted(self.client.scheduler_info()["workers"])
-        self.futures = [self.client.submit(run_actor, i, self.setup, pure=False, allow_other_workers=True,
-                                           workers=[workers[i % len(workers)]] if workers else None,
-                                           key=f"actor-{i}-{self.setup.channels.session}")
-                        for i in range(self.n_actors)]
+        """One actor per worker while there are enough: each process has one engine.
+
+        Actors are pinned to their workers only where there are several: a task pinned
+        loosely (`allow_other_workers`) whose worker died while no other was alive waits in
+        Dask's "no-worker" state for good, even once the nanny has restarted that worker."""
+        workers = sorted(self.client.nthreads(callback_timeout=SCHEDULER_TIMEOUT_S))
+        self.futures = []
+        for i in range(self.n_actors):
+            pinned = {"workers": [workers[i % len(workers)]], "allow_other_workers": True} if len(workers) > 1 else {}
+            self.futures.append(self.client.submit(run_actor, i, self.setup, pure=False,
+                                                   key=f"actor-{i}-{self.setup.channels.session}", **pinned))
 
     def raise_if_failed(self) -> None:
         """Surfaces an actor's failure to the learner instead of letting it wait forever."""
         for future in self.futures:
             if future.status == "error":
-                error = future.exception()
+                error = future.exception(timeout=SCHEDULER_TIMEOUT_S)
                 raise RuntimeError(f"actor {future.key} failed: {type(error).__name__}: {error}") from error
             if future.done():
                 raise RuntimeError(f"actor {future.key} stopped before the learner finished")
 
     def stop(self, timeout_s: float = 120.0) -> None:
-        """Stops the actors (no new groups, blocked puts released), logs their timings."""
-        stop_actors(self.client, self.setup.channels, self.n_actors, timeout_s=timeout_s,
-                    done=lambda: all(f.done() for f in self.futures))
+        """Stops the actors (no new groups, blocked puts released), logs their timings.
+        Gives up, loudly, after `timeout_s` or on a scheduler that does not answer."""
+        try:
+            stopped = stop_actors(self.client, self.setup.channels, self.n_actors, timeout_s=timeout_s,
+                                  done=lambda: all(f.done() for f in self.futures))
+        except TimeoutError as e:
+            self.warn(f"could not stop the actors: {e}; they stop once their worker restarts "
+                      "(restart the Dask cluster if it is yours)")
+            return
+        if not stopped:
+            running = [f.key for f in self.futures if not f.done()]
+            self.warn(f"actors {running} did not stop within {timeout_s:.0f}s (an environment call that hangs?); "
+                      "given up on: the stop signal stays set, so each stops once its current wait returns")
+        self._log_timings()
+        self.client.cancel(self.futures)  # a message to the scheduler: it does not wait
+
+    def _log_timings(self) -> None:
         for future in self.futures:
-            if future.status == "finished":
-                stats = future.result()
-                self.log(f"actor {stats['actor']}: {stats['groups']} groups, rollout "
-                         f"{stats['rollout_s']:.1f}s, buffer put {stats['queue_put_s']:.1f}s")
-        self.client.cancel(self.futures)
+            if future.status != "finished":
+                continue
+            try:
+                stats = future.result(timeout=SCHEDULER_TIMEOUT_S)
+            except Exception as e:  # its worker died since: its timings are lost, nothing else
+                self.log(f"actor {future.key}: no timings ({type(e).__name__}: {e})")
+                continue
+            self.log(f"actor {stats['actor']}: {stats['groups']} groups, rollout "
+                     f"{stats['rollout_s']:.1f}s, buffer put {stats['queue_put_s']:.1f}s, "
+                     f"engine compiles {stats['compiles']}, prefills {stats['prefix']}")

@@ -18,7 +18,7 @@ import dataclasses
 import inspect
 import random
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Hashable
 
 import numpy as np
 
@@ -63,6 +63,7 @@ class GroupRunner:
     """Plays groups with a process's generation service, tokenizer and the spec's settings."""
 
     generate: Generate
+    release: Callable[[Hashable], None]  # an episode ended: its cached context may go
     tokenizer: ChatTokenizer
     env_config: EnvConfig
     actors_config: ActorsConfig
@@ -71,9 +72,9 @@ class GroupRunner:
     _rng: random.Random = dataclasses.field(default_factory=random.Random, repr=False)  # latencies
 
     @classmethod
-    def build(cls, generate: Generate, env: EnvConfig, actors: ActorsConfig, model: ModelConfig,
-              seed: int = 0) -> "GroupRunner":
-        return cls(generate, make_tokenizer(model), env, actors, model.max_len, seed)
+    def build(cls, service, env: EnvConfig, actors: ActorsConfig, model: ModelConfig, seed: int = 0) -> "GroupRunner":
+        """A runner of the spec's settings playing through `service` (a `GenerationService`)."""
+        return cls(service.generate, service.release, make_tokenizer(model), env, actors, model.max_len, seed)
 
     async def run(self, prompt_id: int, prompt: str, attempt: int, envs: list,
                   pin: tuple[int, Any] | None = None) -> Group:
@@ -92,10 +93,16 @@ class GroupRunner:
         return Group(prompt_id, prompt, samples, started, time.time(), attempt=attempt, aborted=aborted)
 
     async def _episode(self, env, prompt: str, ids: tuple[int, int, int], pin) -> _Episode:
+        try:
+            return await self._turns(env, prompt, ids, pin)
+        finally:
+            self.release(ids)
+
+    async def _turns(self, env, prompt: str, ids: tuple[int, int, int], pin) -> _Episode:
         episode = _Episode(*[list(x) for x in _start(self.tokenizer)])
         episode.observe(self._encode(await self._env_call(env.reset, prompt), first=True))
         for turn in range(self.env_config.max_turns):
-            completion = await self._act(episode, _request_key(self.seed, *ids, turn), pin)
+            completion = await self._act(episode, ids, turn, pin)
             episode.act(completion)
             obs, reward, done, info = await self._step(env, self.tokenizer.decode(completion.tokens))
             episode.reward += float(reward)
@@ -106,12 +113,15 @@ class GroupRunner:
             episode.observe(self._encode(obs, first=False))
         raise EpisodeAborted(f"max_turns ({self.env_config.max_turns}) reached without finishing")
 
-    async def _act(self, episode: _Episode, key: np.ndarray, pin) -> Completion:
+    async def _act(self, episode: _Episode, ids: tuple[int, int, int], turn: int, pin) -> Completion:
         if len(episode.tokens) >= self.max_len:
             raise EpisodeAborted(f"episode longer than the context window (model.max_len={self.max_len})")
         version, params = pin if pin is not None else (None, None)
-        completion = await self.generate(Request(np.array(episode.tokens, np.int32), self.actors_config.max_new_tokens,
-                                                 key, version=version, params=params))
+        # The episode's identity keys its context's cache in the engine: the next turn
+        # prefills only what was added since.
+        completion = await self.generate(Request(
+            np.array(episode.tokens, np.int32), self.actors_config.max_new_tokens, _request_key(self.seed, *ids, turn),
+            version=version, params=params, prefix_key=ids))
         if completion.newer and self.actors_config.on_sync == "abort":
             raise EpisodeAborted(f"a version newer than {completion.versions[0]} was published mid-episode "
                                  "(on_sync: abort)")

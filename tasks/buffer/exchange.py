@@ -36,6 +36,7 @@ class Exchange(Background):
 
     def __init__(self, channels: Channels, client: Client, rules: IntakeRules, reader: BufferReader,
                  *, capacity: int):
+        """`capacity`: items (bundles of groups, or a large group's future) the Dask queue holds."""
         super().__init__("tandem-buffer-exchange")
         self._client, self._rules, self._reader = client, rules, reader
         self._queue = Queue(channels.buffer, client=client, maxsize=capacity)

@@ -50,11 +50,12 @@ def groups_per_version(batch_groups: int, sync_interval: int, updates_per_batch:
     return batch_groups * sync_interval / updates_per_batch
 
 
-def outstanding_bound(capacity: int, actors: int, batch_groups: int) -> int:
+def outstanding_bound(capacity: int, groups_at_once: int, batch_groups: int) -> int:
     """The most attempts open at once (bounded asynchrony): a full buffer, the batch the
-    learner holds and the next, and two per actor: the one it plays and one in reserve,
-    so that an actor never waits for the learner's next `take` to be given a prompt."""
-    return capacity + 2 * batch_groups + 2 * actors
+    learner holds and the next, every group the actors play at once, and a quarter more
+    waiting in their queues, so that an actor never waits for the learner's next `take`
+    to be given a prompt."""
+    return capacity + 2 * batch_groups + groups_at_once + groups_at_once // 4 + 2
 
 
 class IntakeRules:
@@ -73,6 +74,8 @@ class IntakeRules:
         self._keys: dict[str, tuple[int, int]] = {}
         self._early: dict[str, bool] = {}
         self.wanted = 0  # groups a waiting learner still needs (synchronous mode makes only these)
+        # Observes each exclusion at entry, (reason, detail): the session's no-progress watch.
+        self.on_exclusion = lambda reason, detail: None
         self._lock = threading.RLock()
 
     @_locked
@@ -184,6 +187,7 @@ class IntakeRules:
                 self.exclude(*key, "lost")
         else:
             self._log_exclusion(key, report["reason"], report["detail"])
+            self.on_exclusion(report["reason"], report["detail"])
             self.exclude(*key, report["reason"])
 
     @_locked

@@ -69,6 +69,11 @@ class Ledger:
         """Attempts whose group is in the buffer."""
         return self._states[BUFFERED]
 
+    @property
+    def in_flight(self) -> int:
+        """Attempts being played (or waiting in an actor's queue)."""
+        return self._states[IN_FLIGHT]
+
     def is_open(self, prompt_id: int, attempt: int) -> bool:
         with self._lock:
             return (prompt_id, attempt) in self._open

@@ -73,6 +73,15 @@ class ProgressRecord:
             self._last = now
             update_progress_artifact(self.id, self._percent(step), self._describe(step, version))
 
+    def finish(self, step: int, version: int, stopped: str | None) -> None:
+        """The last update: 100% once training is over (at the step target or, earlier, at the
+        success target), and why it stopped."""
+        why = {"steps": "finished", "success": "stopped early at the success target",
+               "interrupted": "interrupted"}.get(stopped or "", "stopped")
+        percent = self._percent(step) if stopped == "interrupted" else 100.0
+        update_progress_artifact(self.id, percent, f"{self.run_name}: {why} at step {step} of "
+                                                   f"{self.total_steps}, version {version}")
+
     def _percent(self, step: int) -> float:
         return min(100.0, 100.0 * step / self.total_steps) if self.total_steps else 100.0
 

@@ -3,8 +3,11 @@ out by `Loggers`. A sink only reads the record."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import re
 import time
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 from tasks.records.step import StepRecord
 
@@ -29,10 +32,36 @@ class Loggers:
                 sink.close()
 
 
-class ConsoleLog:
-    """A progress line (`info(line)`) at most every `every_s` seconds."""
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What the terminal and Prefect show of a learner step (picklable: it crosses from
+    the learner process to the learner task)."""
 
-    def __init__(self, info: Callable[[str], None], every_s: float = 2.0):
+    step: int
+    version: int
+    reward_mean: float
+    success_rate: float | None
+    buffered: int  # groups in the buffer (queued or prefetched; a queue item may bundle several)
+    learner_busy: float
+    loss: float
+
+    @classmethod
+    def of(cls, r: StepRecord) -> "Progress":
+        return cls(step=r.step, version=r.version, reward_mean=r.reward_mean, success_rate=r.success_rate,
+                   buffered=r.buffer_depth, learner_busy=r.learner_busy, loss=r.train.get("loss", float("nan")))
+
+    def line(self) -> str:
+        """As `PROGRESS_LINE` matches it."""
+        success = f" success {self.success_rate:.0%}" if self.success_rate is not None else ""
+        return (f"step {self.step} version {self.version} | reward {self.reward_mean:.3f}{success} | "
+                f"buffered {self.buffered} | learner busy {self.learner_busy:.0%} | loss {self.loss:.4f}")
+
+
+class ConsoleLog:
+    """A progress line (`info(line)`) at most every `every_s` seconds: the learner task's
+    log in Prefect (the terminal shows the live display instead)."""
+
+    def __init__(self, info: Callable[[str], None], every_s: float = 10.0):
         self.info, self.every_s = info, every_s
         self._last = 0.0
 
@@ -40,21 +69,39 @@ class ConsoleLog:
         now = time.perf_counter()
         if now - self._last >= self.every_s:
             self._last = now
-            self.info(progress_line(record))
+            self.info(Progress.of(record).line())
 
 
 class ProgressLog:
-    """Hands (step, version) to `progress` after every step: the Prefect progress artifact."""
+    """Hands a `Progress` to `progress` after every step: the Prefect progress artifact and
+    the terminal's live display."""
 
-    def __init__(self, progress: Callable[[int, int], None]):
+    def __init__(self, progress: Callable[[Progress], None]):
         self.progress = progress
 
     def write(self, record: StepRecord) -> None:
-        self.progress(record.step, record.version)
+        self.progress(Progress.of(record))
 
 
-def progress_line(r: StepRecord) -> str:
-    success = f" success {r.success_rate:.0%}" if r.success_rate is not None else ""
-    return (f"step {r.step} version {r.version} | reward {r.reward_mean:.3f}{success} | "
-            f"buffer {r.buffer_depth} | learner busy {r.learner_busy:.0%} | "
-            f"loss {r.train.get('loss', float('nan')):.4f}")
+class ProgressFeed:
+    """The learner's progress inside the process running the flow: the learner task
+    publishes each step it relays, and `tandem run`'s live display subscribes."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[Progress], None]] = []
+
+    def publish(self, progress: Progress) -> None:
+        for listener in list(self._listeners):
+            listener(progress)
+
+    @contextlib.contextmanager
+    def subscribed(self, listener: Callable[[Progress], None]) -> Iterator[None]:
+        self._listeners.append(listener)
+        try:
+            yield
+        finally:
+            self._listeners.remove(listener)
+
+
+PROGRESS_FEED = ProgressFeed()
+PROGRESS_LINE = re.compile(r"step \d+ version \d+ \| ")  # the start of `Progress.line`

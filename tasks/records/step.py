@@ -41,6 +41,7 @@ class StepRecord:
     publish_s: float  # handing weights over to be published
     publish_lag_s: float  # until the last version sent reached the actors
     buffer_depth: int
+    in_flight: int  # attempts being played or queued at the actors
     excluded: dict[str, int]  # so far, by reason
     retried: int
     compiles: int
@@ -107,7 +108,7 @@ class StepMeter:
             trained_reward_mean=trained, success_rate=success,
             learner_busy=min(1.0, update.train_s / elapsed) if elapsed > 0 else 1.0,
             train_s=update.train_s, take_s=take_s, publish_s=publish_s, publish_lag_s=self._weights.lag_s,
-            buffer_depth=self._reader.depth, excluded=dict(self._ledger.excluded), retried=self._ledger.retried,
+            buffer_depth=self._reader.depth, in_flight=self._ledger.in_flight, excluded=dict(self._ledger.excluded), retried=self._ledger.retried,
             compiles=self._learner.compiles, padding=update.metrics["padding"],
             wait_s=intake.wait_s, wait_count=intake.wait_count, blocked_s=intake.blocked_s,
             staleness_mean=_mean(intake.staleness), staleness_max=max(intake.staleness, default=0),

@@ -4,7 +4,7 @@ checkpoint if it has one: the one place that knows which part needs which sectio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from distributed import Client
 
@@ -21,12 +21,13 @@ from tasks.buffer.ledger import Ledger
 from tasks.buffer.prompts import PromptSource
 from tasks.buffer.reader import BufferReader
 from tasks.config import ActorsConfig, BufferConfig, CheckpointConfig, DataConfig, EnvConfig, SyncConfig
-from tasks.records.loggers import ConsoleLog, Loggers, ProgressLog
+from tasks.records.loggers import ConsoleLog, Loggers, Progress, ProgressLog
 from tasks.records.metrics_log import MetricsLog
 from tasks.records.step import StepMeter
 from tasks.records.tensorboard import TensorBoardLog
 from tasks.runtime.checkpoints import Checkpoints
 from tasks.runtime.learner import Learner
+from tasks.runtime.no_progress import ProgressWatch
 from tasks.runtime.run_state import RunState
 from tasks.runtime.session import Session
 from tasks.runtime.stopping import Stopping
@@ -55,7 +56,7 @@ class Reporter(Protocol):
     """Where a session's records go: Prefect, through the learner task."""
 
     def version(self, **fields) -> None: ...  # a committed checkpoint (`tasks.records.artifacts.record_version`)
-    def progress(self, step: int, version: int) -> None: ...  # after every step
+    def progress(self, progress: Progress) -> None: ...  # after every step
 
 
 def intake_rules(spec: RunSpec, log) -> IntakeRules:
@@ -67,12 +68,14 @@ def intake_rules(spec: RunSpec, log) -> IntakeRules:
     return IntakeRules(spec.buffer, Ledger(), source, pace, spec.actors.n_actors, log=log)
 
 
-def build_session(spec: RunSpec, client: Client, channels: Channels, log, reporter: Reporter) -> Session:
-    """The parts of a session of `spec`; `log` has .info and .warning."""
+def build_session(spec: RunSpec, client: Client, channels: Channels, log, reporter: Reporter,
+                  interrupted: Callable[[], bool] = lambda: False) -> Session:
+    """The parts of a session of `spec`; `log` has .info and .warning; once `interrupted()`,
+    the session ends at its next version (Ctrl-C)."""
     run_dir = spec.run_dir.resolve()
     rules = intake_rules(spec, log.warning)
     run_state = RunState(Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep), rules, reporter,
-                         run_name=spec.name, seed=spec.seed, run_dir=run_dir)
+                         run_name=spec.name, seed=spec.seed, run_dir=run_dir, warn=log.warning)
     mesh = make_mesh(spec.learner.mesh)
     restored = run_state.restore(abstract_train_state(spec.model, spec.learner, mesh))
     if restored is None:
@@ -83,21 +86,29 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     learner = Learner(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)
     weights = WeightSource(HttpTransport(channels, client), spec.sync.interval, version=version)
     setup = ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
-    actors = ActorPool(client, setup, spec.actors.n_actors, log.info)
+    actors = ActorPool(client, setup, spec.actors.n_actors, log.info, warn=log.warning)
+    watch = ProgressWatch(lambda: rules.ledger.consumed, spec.env.entrypoint)
+    rules.on_exclusion = watch.excluded
 
     def producers_failed() -> None:  # a starved learner asks; raises instead of waiting forever
         exchange.raise_if_failed()
         actors.raise_if_failed()
+        watch.raise_if_stuck()
 
     # Two batches ahead: the next batch's transfer overlaps the current step.
-    reader = BufferReader(rules, weights, prefetch=2 * spec.learner.batch_groups, check=producers_failed)
-    exchange = Exchange(channels, client, rules, reader, capacity=spec.buffer.capacity)
+    # The learner holds up to `buffer.capacity` groups (at least a batch, ready when a step
+    # ends); beyond them each actor process has one bundle of finished groups waiting in
+    # the Dask queue, and blocks on the next (backpressure).
+    reader = BufferReader(rules, weights, prefetch=max(spec.buffer.capacity, spec.learner.batch_groups),
+                          check=producers_failed)
+    exchange = Exchange(channels, client, rules, reader, capacity=spec.actors.n_actors)
     metrics = MetricsLog(run_dir / "metrics.jsonl")
-    metrics.resume(step)
+    metrics.resume(step, warn=log.warning)
     stopping = Stopping(spec.learner, log.info)
     loggers = Loggers(metrics, TensorBoardLog(run_dir / "tensorboard", resume_step=step), ConsoleLog(log.info),
                       ProgressLog(reporter.progress), stopping)
     return Session(learner=learner, weights=weights, reader=reader, exchange=exchange, actors=actors,
                    run_state=run_state, meter=StepMeter(reader, rules.ledger, weights, learner), loggers=loggers,
                    stopping=stopping, batch_groups=spec.learner.batch_groups,
-                   checkpoint_every=spec.checkpoint.every, synchronous=spec.learner.mode == "sync")
+                   checkpoint_every=spec.checkpoint.every, synchronous=spec.learner.mode == "sync",
+                   interrupted=interrupted)

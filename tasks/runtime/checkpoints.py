@@ -2,11 +2,13 @@
 
 Each holds the train state (params, optimizer state, step) and a JSON record of the
 rest: version, RNG seed, the data cursor, the accounting, and the prompts that were in
-flight or buffered (a resumed run generates exactly those again).
+flight or buffered (a resumed run generates exactly those again). One found damaged on
+restore is moved aside, into `damaged-checkpoints/` beside the checkpoints' directory.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,15 @@ class Checkpoints:
         restored = self._manager.restore(version, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), record=ocp.args.JsonRestore()))
         return restored["state"], restored["record"]
+
+    def set_aside(self, version: int) -> Path:
+        """Moves version `version` out of the checkpoints (kept, to be looked at); returns
+        where. The versions before it become the latest, and `version` can be written again."""
+        aside = self.directory.parent / "damaged-checkpoints" / f"{version}-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.parent.mkdir(exist_ok=True)
+        self.path(version).rename(aside)
+        self._manager.reload()
+        return aside
 
     def close(self) -> None:
         self._manager.wait_until_finished()

@@ -9,6 +9,9 @@ optimizer state, step) and a JSON record:
               a resumed run generates exactly those again;
   versions    the table of versions so far (Prefect's `model-versions`).
 data, accounting and redo are one snapshot of the intake, taken under its lock.
+
+A checkpoint that does not restore (an array or the record cut short by a full disk or a
+power loss) is set aside with a warning, and the one before it restored instead.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from tasks.buffer.intake import IntakeRules
 from tasks.records.atomic import write_json_atomic
@@ -24,8 +27,9 @@ from tasks.runtime.checkpoints import Checkpoints
 
 
 class VersionRecorder(Protocol):
-    """Where committed versions are recorded: Prefect, through the learner task
-    (`tasks.records.artifacts.record_version` takes these fields)."""
+    """Where committed versions are recorded: Prefect, through the learner task, which keeps
+    the versions table (`tasks.records.artifacts.record_version` takes these fields, with
+    the table in place of `new_rows`: the rows the task has not been sent yet)."""
 
     def version(self, **fields) -> None: ...
 
@@ -42,21 +46,39 @@ class RunState:
     """Saves and restores a run: the train state with the intake's snapshot and the versions table."""
 
     def __init__(self, checkpoints: Checkpoints, rules: IntakeRules, recorder: VersionRecorder, *,
-                 run_name: str, seed: int, run_dir: Path):
-        self.checkpoints, self.rules, self.recorder = checkpoints, rules, recorder
+                 run_name: str, seed: int, run_dir: Path, warn: Callable[[str], None]):
+        self.checkpoints, self.rules, self.recorder, self.warn = checkpoints, rules, recorder, warn
         self.run_name, self.seed, self.run_dir = run_name, seed, run_dir
         self.rows: list[dict] = []  # one per version checkpointed: `model-versions`
+        self._reported = 0  # rows sent to the recorder by this session (a restored table: none)
         self._uncommitted: dict | None = None  # the record of a checkpoint still being written
 
     def restore(self, abstract_state: Any) -> Restored | None:
-        """The latest checkpoint, its intake snapshot restored into the rules; None if there is none."""
-        latest = self.checkpoints.latest_version()
-        if latest is None:
-            return None
-        state, record = self.checkpoints.restore(latest, abstract_state)
-        self.rules.restore(record)
-        self.rows = record["versions"]
-        return Restored(state, record["step"], latest, self.checkpoints.path(latest))
+        """The latest checkpoint that restores, its intake snapshot restored into the rules;
+        None if there is none. Damaged later ones are set aside, loudly; if none restores,
+        raises, and moves nothing (the cause may be the spec, not the checkpoints)."""
+        damaged: list[tuple[int, Exception]] = []
+        for version in reversed(self.checkpoints.versions()):
+            try:
+                state, record = self.checkpoints.restore(version, abstract_state)
+                self.rules.restore(record)
+                self.rows, step = record["versions"], record["step"]
+            except Exception as e:  # Orbax's errors name no common type: a truncated array, bad JSON
+                damaged.append((version, e))
+                continue
+            self._set_aside(damaged, version)
+            return Restored(state, step, version, self.checkpoints.path(version))
+        if damaged:
+            raise RuntimeError(f"no checkpoint in {self.checkpoints.directory} restores: "
+                               + "; ".join(f"version {v}: {type(e).__name__}: {str(e)[:200]}" for v, e in damaged))
+        return None
+
+    def _set_aside(self, damaged: list[tuple[int, Exception]], restored: int) -> None:
+        for version, error in damaged:
+            aside = self.checkpoints.set_aside(version)
+            self.warn(f"checkpoint {version} is damaged and does not restore ({type(error).__name__}: "
+                      f"{str(error)[:300]}); moved to {aside}. Resuming from version {restored}: "
+                      "the steps after it are trained again")
 
     def save(self, state: Any, *, step: int, version: int, reward_mean: float) -> None:
         """Starts writing version `version`'s checkpoint; records the previous one, now committed."""
@@ -71,7 +93,8 @@ class RunState:
         self._uncommitted = dict(
             run_name=self.run_name, spec_path=self.run_dir / "spec.yaml", checkpoint=path,
             parent=self.checkpoints.path(parent) if parent is not None else None,
-            version=version, step=step, metrics={"reward_mean": reward_mean}, rows=list(self.rows))
+            version=version, step=step, metrics={"reward_mean": reward_mean}, new_rows=self.rows[self._reported:])
+        self._reported = len(self.rows)
 
     def commit(self) -> None:
         """Waits for the checkpoint being written, then records it (Prefect sees only committed ones)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from typing import Callable
 
 from tasks.actors.pool import ActorPool
 from tasks.buffer.exchange import Exchange
@@ -37,6 +38,9 @@ class Session:
     batch_groups: int
     checkpoint_every: int  # versions between checkpoints
     synchronous: bool  # learner.mode sync: each batch is played with the latest weights
+    # Set by Ctrl-C (through the learner task): training ends at the next version.
+    interrupted: Callable[[], bool] = lambda: False
+    stopped: str | None = None  # why training ended: "steps", "success" or "interrupted"
 
     def run(self) -> dict:
         """Trains until `learner.steps` or the success target; returns where it ended."""
@@ -47,11 +51,22 @@ class Session:
             self.weights.start()
             self.weights.publish(self.learner.params(), new_version=False)
             self.actors.start()
-            while not (self.stopping.finished(self.learner.step_count) or self._train_batch()):
+            first = self.learner.step_count
+            while not (self._stops_before(self.learner.step_count, first) or self._train_batch()):
                 pass
             self.run_state.commit()
         return {"step": self.learner.step_count, "version": self.weights.current,
-                "accounting": self.run_state.rules.accounting()}
+                "accounting": self.run_state.rules.accounting(), "stopped": self.stopped}
+
+    def _stops_before(self, step: int, first: int) -> bool:
+        """Whether to end before the next batch: at the step target, or interrupted before
+        this session trained (`first`, the step it started from, is checkpointed if any is);
+        once it has, an interrupt ends it at the next version (`_sync`)."""
+        if self.stopping.finished(step):
+            self.stopped = "steps"
+        elif self.interrupted() and step == first:
+            self.stopped = "interrupted"
+        return self.stopped is not None
 
     def _train_batch(self) -> bool:
         """Takes a batch and trains on it; True once training should end."""
@@ -74,10 +89,13 @@ class Session:
         if self.synchronous:
             self.weights.wait()
         self.meter.published(time.perf_counter() - start)
-        done = self.stopping.finished(step) or self.stopping.converged()
-        if done or version % self.checkpoint_every == 0:
+        # An interrupt ends the run here, on a version, so that its last steps are
+        # checkpointed: a resumed run neither loses nor repeats them.
+        self.stopped = ("steps" if self.stopping.finished(step) else "success" if self.stopping.converged()
+                        else "interrupted" if self.interrupted() else None)
+        if self.stopped or version % self.checkpoint_every == 0:
             self.run_state.save(self.learner.state(), step=step, version=version, reward_mean=reward_mean)
-        return done
+        return self.stopped is not None
 
     def _close(self) -> None:
         self.run_state.write_accounting()

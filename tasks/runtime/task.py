@@ -2,8 +2,9 @@
 
 The task starts a learner process that runs a `Session` and relays its logs and version
 records here, where the Prefect context is. If that process dies (an XLA abort, the OOM
-killer, a kill -9), the task stops the session's actors and fails; Prefect retries it,
-and the new session resumes from the latest checkpoint.
+killer, a kill -9, even in the middle of a message), the task stops the session's actors
+and fails; Prefect retries it, and the new session resumes from the latest checkpoint.
+So does any other failure of the task (relaying to Prefect, say): no exit leaves actors.
 """
 
 from __future__ import annotations
@@ -11,68 +12,122 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
-import queue
+import signal
+import sys
 import uuid
 
 from distributed import Client
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.buffer.channels import Channels, stop_actors
+from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, Channels, stop_actors
 from tasks.records.artifacts import ProgressRecord, record_version
+from tasks.records.loggers import PROGRESS_FEED, Progress
 from tasks.runtime.build import RunSpec, build_session
+from tasks.runtime.failures import Unrecoverable
+from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
+from tasks.runtime.relay import EventReader, LogForwarder
 
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
 LOCK_FILE = "learner.lock"  # held (flock) by that process
+STOPPED_AT_ONCE = {"stopped": "at once"}  # the result of a learner terminated by a second Ctrl-C
 
 
-@task(name="learner", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, persist_result=False)
+def permanent(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, is one no retry can fix."""
+    while error is not None:
+        if isinstance(error, (Unrecoverable, ImportError, SyntaxError)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _retriable(task, task_run, state) -> bool:
+    """Prefect's retry condition: not after Ctrl-C, nor for an `Unrecoverable` failure."""
+    return not (isinstance(state.result(raise_on_failure=False), Unrecoverable) or INTERRUPT.is_set())
+
+
+@task(name="learner", retries=2, retry_delay_seconds=2, retry_condition_fn=_retriable, cache_policy=NO_CACHE,
+      persist_result=False)
 def learn(spec: RunSpec, scheduler_address: str) -> dict:
     """Trains to `learner.steps`, resuming from the run directory's latest checkpoint."""
     log = get_run_logger()
     channels = Channels(uuid.uuid4().hex[:8])
-    events = multiprocessing.get_context("spawn").Queue()
-    process = multiprocessing.get_context("spawn").Process(
-        target=_learner_main, args=(spec, scheduler_address, channels, events), name="tandem-learner")
-    process.start()
+    context = multiprocessing.get_context("spawn")
+    events, stop = EventReader(), context.Event()
+    process = context.Process(target=_learner_main, args=(spec, scheduler_address, channels, events.writer, stop),
+                              name="tandem-learner")
+    with ignoring_sigint():  # Ctrl-C is for this process to pass on (`_relay`)
+        process.start()
+    events.started()
+    result, grace_s = None, 30.0
     try:
-        result = _relay(events, process, log, spec)
+        result = _relay(events, process, log, spec, stop)
+    except Exception:
+        grace_s = 5.0  # failed, or given up on (a Prefect API error, say): a learner left running trains unrecorded
+        raise
     finally:
-        process.join(timeout=30)
+        process.join(timeout=grace_s)
         if process.is_alive():
             process.kill()
+            process.join(timeout=5)
+        events.close()
+        if result is None or result == STOPPED_AT_ONCE:  # its session may not have stopped its actors
+            _stop_actors(scheduler_address, channels, spec.actors.n_actors, log)
     if result is None:
-        log.error(f"learner process exited with code {process.exitcode}; stopping its actors")
-        with Client(scheduler_address) as client:
-            stop_actors(client, channels, spec.actors.n_actors)
         raise RuntimeError(f"learner process died (exit code {process.exitcode})")
     return result
 
 
-def _relay(events, process, log, spec: RunSpec) -> dict | None:
-    """Forwards the process's events until it reports its result or dies."""
-    progress = None
+def _stop_actors(scheduler_address: str, channels: Channels, n_actors: int, log) -> None:
+    """Stops the actors of a learner session that did not end cleanly. Never raises: it
+    runs while the task fails, and must not hide why."""
+    log.warning(f"stopping the actors of learner session {channels.session}")
+    try:
+        with Client(scheduler_address, timeout=SCHEDULER_TIMEOUT_S) as client:
+            stop_actors(client, channels, n_actors)
+    except Exception as e:
+        log.error(f"could not stop the actors of learner session {channels.session} ({type(e).__name__}: {e}); "
+                  "they keep their worker threads until the Dask cluster restarts")
+
+
+def _relay(events, process, log, spec: RunSpec, stop) -> dict | None:
+    """Forwards the process's events until it reports its result or dies; passes a Ctrl-C
+    on (`tasks.runtime.interrupt`): `stop` ends training at the next version, a second
+    Ctrl-C terminates the process, which unwinds (stops its actors) and exits."""
+    progress, terminated = None, False
+    versions: list[dict] = []  # `model-versions`: each version event brings only the rows not sent before
     while True:
-        try:
-            kind, payload = events.get(timeout=1.0)
-        except queue.Empty:
-            if not process.is_alive():
-                return None
+        if INTERRUPT.is_set():
+            stop.set()
+        if INTERRUPT.now and not terminated:
+            terminated = True
+            process.terminate()
+        if (event := events.get(timeout_s=0.2)) is None:
+            if events.gone or not process.is_alive():  # gone: its end of the pipe closed, maybe mid-message
+                return dict(STOPPED_AT_ONCE) if terminated else None
             continue
+        kind, payload = event
         if kind == "log":
             getattr(log, payload[0])(payload[1])
         elif kind == "version":
-            record_version(**payload)
+            versions += payload.pop("new_rows")
+            record_version(**payload, rows=list(versions))
         elif kind == "progress":
-            step, version = payload
             if progress is None:
-                progress = ProgressRecord(run_name=spec.name, step=step, version=version,
+                progress = ProgressRecord(run_name=spec.name, step=payload.step, version=payload.version,
                                           total_steps=spec.learner.steps)
-            progress.update(step, version)
+            progress.update(payload.step, payload.version)
+            PROGRESS_FEED.publish(payload)
         elif kind == "done":
+            if progress is not None:
+                progress.finish(payload["step"], payload["version"], payload["stopped"])
             return payload
         elif kind == "error":
-            raise RuntimeError(f"learner failed: {payload}")
+            if terminated:
+                return dict(STOPPED_AT_ONCE)
+            message, unrecoverable = payload
+            raise (Unrecoverable if unrecoverable else RuntimeError)(f"learner failed: {message}")
 
 
 class _Events:
@@ -90,11 +145,14 @@ class _Events:
     def version(self, **fields) -> None:
         self._events.put(("version", fields))
 
-    def progress(self, step: int, version: int) -> None:
-        self._events.put(("progress", (step, version)))
+    def progress(self, progress: Progress) -> None:
+        self._events.put(("progress", progress))
 
 
-def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, events) -> None:
+def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, events, stop) -> None:
+    # Terminated (a second Ctrl-C): unwind, so the session stops its actors and closes its
+    # checkpoints, and the pid file goes.
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     run_dir = spec.run_dir.resolve()
     pid_file = run_dir / PID_FILE
     # One learner per run directory: a second one (a run started twice) would interleave
@@ -103,16 +161,18 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, eve
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        events.put(("error", f"RuntimeError: {run_dir} is in use by another learner "
-                             f"(pid {pid_file.read_text() if pid_file.exists() else '?'})"))
+        events.put(("error", (f"RuntimeError: {run_dir} is in use by another learner "
+                              f"(pid {pid_file.read_text() if pid_file.exists() else '?'})", False)))
         return
     pid_file.write_text(str(os.getpid()))
     try:
         with Client(scheduler_address) as client:
             relay = _Events(events)
-            events.put(("done", build_session(spec, client, channels, log=relay, reporter=relay).run()))
+            LogForwarder(events).install()  # warnings of parts without a log (`tasks.background`)
+            session = build_session(spec, client, channels, log=relay, reporter=relay, interrupted=stop.is_set)
+            events.put(("done", session.run()))
     except BaseException as e:
-        events.put(("error", f"{type(e).__name__}: {e}"))
+        events.put(("error", (f"{type(e).__name__}: {e}", permanent(e))))
         raise
     finally:
         pid_file.unlink(missing_ok=True)

@@ -13,7 +13,9 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from tensorboardX.proto.event_pb2 import Event
 
 from flows.cli import main
-from flows.report import PLOTS, publish_report
+from flows.report import PLOTS, publish_report, render_plots
+from flows.spec import parse_spec
+from flows.train import _summary
 from tasks.records.artifacts import PROGRESS_ARTIFACT, SUMMARY_ARTIFACT, ProgressRecord
 
 STEPS = 24
@@ -72,6 +74,38 @@ def test_report_writes_nontrivial_plots_and_tensorboard_events(tmp_path, capsys)
             "staleness"} <= {tag for tag, _ in values}
 
 
+def test_exclusions_are_the_run_s_totals_as_accounting_json_has_them(tmp_path):
+    """Groups go on finishing after the last step: the totals are those written at the end."""
+    records = realistic_metrics()
+    write_metrics(tmp_path, records)
+    accounting = {"excluded": {**records[-1]["excluded"], "filtered": records[-1]["excluded"]["filtered"] + 7}}
+    (tmp_path / "accounting.json").write_text(json.dumps(accounting))
+    assert main(["report", str(tmp_path)]) == 0
+    png = (tmp_path / "report" / "exclusions.png").read_bytes()
+    assert png == render_plots(records, accounting)["exclusions"] != render_plots(records)["exclusions"]
+
+
+def test_reward_line_shows_where_it_equals_the_success_rate(tmp_path):
+    """A win scores 1 and a loss 0 (guess-number): the two curves are one; both must show."""
+    write_metrics(tmp_path, realistic_metrics())
+    assert main(["report", str(tmp_path)]) == 0
+    rgb = (matplotlib.image.imread(tmp_path / "report" / "reward.png")[..., :3] * 255).round()
+    near = lambda color: (abs(rgb - color).sum(axis=-1) < 40).sum()  # noqa: E731
+    assert near((31, 119, 180)) > 300, "reward (tab:blue) hidden"
+    assert near((250, 193, 144)) > 300, "success rate (pale tab:orange) hidden"
+
+
+def test_run_summary_tables_the_exclusions():
+    spec = parse_spec("name: demo\n")
+    accounting = {"started": 20, "in_flight": 1, "buffered": 2, "consumed": 12, "retried": 1,
+                  "excluded": {"filtered": 4, "aborted": 1}}
+    markdown = _summary(spec, spec.run_dir, {"step": 12, "version": 3, "stopped": "success",
+                                             "accounting": accounting})
+    assert "Stopped early at the success target at step 12, version 3." in markdown
+    assert "| 20 | 1 | 2 | 12 | 5 | 1 |" in markdown
+    assert "| aborted | 1 |\n| filtered | 4 |" in markdown and "{" not in markdown
+
+
 def test_report_again_replaces_its_events(tmp_path):
     write_metrics(tmp_path, realistic_metrics())
     assert main(["report", str(tmp_path)]) == 0
@@ -92,7 +126,7 @@ def test_summary_and_progress_artifacts(prefect_api, tmp_path):
     def finish_run() -> None:
         progress = ProgressRecord(run_name="demo", step=0, version=0, total_steps=STEPS, every_s=3600)
         progress.update(STEPS // 2, 3)  # within every_s: not sent
-        progress.update(STEPS, 6)  # the last step: always sent
+        progress.finish(STEPS // 2 + 2, 3, "success")  # the end: always sent
         publish_report(tmp_path, run_name="demo", markdown="# demo\n")
 
     state = finish_run(return_state=True)
@@ -100,8 +134,9 @@ def test_summary_and_progress_artifacts(prefect_api, tmp_path):
     with get_client(sync_client=True) as client:
         artifacts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))}
-    assert artifacts[PROGRESS_ARTIFACT].data == 100.0
-    assert artifacts[PROGRESS_ARTIFACT].description == f"demo: step {STEPS} of {STEPS}, version 6"
+    assert artifacts[PROGRESS_ARTIFACT].data == 100.0  # done, though short of its step target
+    assert artifacts[PROGRESS_ARTIFACT].description == (
+        f"demo: stopped early at the success target at step {STEPS // 2 + 2} of {STEPS}, version 3")
     summary = artifacts[SUMMARY_ARTIFACT].data
     assert summary.startswith("# demo\n")
     assert summary.count("](data:image/png;base64,") == len(PLOTS)

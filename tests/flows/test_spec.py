@@ -35,7 +35,7 @@ def test_every_shipped_spec_validates(path):
 
 def test_defaults_fill_every_section():
     spec = parse_spec("name: x\n")
-    assert spec.buffer.capacity == 32 and spec.buffer.max_staleness is None
+    assert spec.buffer.capacity == 16 and spec.buffer.max_staleness is None
     assert spec.run_dir == Path("runs/x")
     assert spec.model.vocab_size == 3 + len(spec.model.tokenizer.alphabet)
 

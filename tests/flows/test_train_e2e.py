@@ -9,14 +9,16 @@ import time
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey, FlowRunFilter,
+                                            FlowRunFilterId)
 
 from tasks.buffer.ledger import balanced
 from tests.conftest import ROOT, tandem
 
 pytestmark = pytest.mark.e2e
 
-TINY = ["--set", "learner.batch_groups=4", "--set", "buffer.capacity=8", "--set", "sync.interval=4"]
+TINY = ["--set", "learner.batch_groups=4", "--set", "buffer.capacity=8", "--set", "sync.interval=4",
+        "--set", "checkpoint.every=1"]
 
 
 def run_dir_records(run_dir):
@@ -25,12 +27,22 @@ def run_dir_records(run_dir):
     return metrics, accounting
 
 
+def quiet(result: subprocess.CompletedProcess) -> None:
+    """A normal end: a few lines (no per-version or Dask chatter), nothing red, no traceback."""
+    output = result.stdout + result.stderr
+    assert len(output.splitlines()) <= 30, output
+    for alarming in ("ERROR", "Traceback", "CommClosedError"):
+        assert alarming not in output, output
+
+
 def test_run_trains_checkpoints_and_reports_to_prefect(prefect_api, tmp_path):
     run_dir = tmp_path / "run"
     result = tandem("run", "specs/guess-number.yaml", *TINY, "--set", "learner.steps=12",
                     "--set", f"checkpoint.dir={run_dir}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Prefect UI: http://127.0.0.1:" in result.stdout
+    assert "Finished at step 12, version 3" in result.stdout
+    quiet(result)
 
     versions = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert versions == [1, 2, 3]
@@ -55,6 +67,9 @@ def test_run_trains_checkpoints_and_reports_to_prefect(prefect_api, tmp_path):
         rows = [json.loads(a.data) if isinstance(a.data, str) else a.data for a in artifacts]
         assert any([r["version"] for r in table] == [1, 2, 3] and [r["step"] for r in table] == [4, 8, 12]
                    for table in rows)
+        (progress,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["learner-progress"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+        assert (progress.data, progress.description) == (100.0, "guess-number: finished at step 12 of 12, version 3")
 
 
 def test_killed_run_resumes_from_its_last_version(prefect_api, tmp_path):
@@ -76,6 +91,7 @@ def test_killed_run_resumes_from_its_last_version(prefect_api, tmp_path):
     result = tandem("resume", str(run_dir), "--set", f"learner.steps={target}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"step {last * 4}, version {last}" in result.stdout + result.stderr
+    quiet(result)
 
     metrics, accounting = run_dir_records(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, target + 1))  # replaced, not duplicated

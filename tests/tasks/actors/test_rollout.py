@@ -65,7 +65,7 @@ def service_with(params, version=0, **actors):
 
 
 def runner_for(service, max_turns=4, timeout=30.0, step_timeout_s=None, **actors):
-    return GroupRunner(service.generate, make_tokenizer(MODEL),
+    return GroupRunner(service.generate, service.release, make_tokenizer(MODEL),
                        EnvConfig(max_turns=max_turns, episode_timeout_s=timeout, step_timeout_s=step_timeout_s),
                        ActorsConfig(max_new_tokens=2, **actors), MODEL.max_len, seed=0)
 
@@ -181,7 +181,7 @@ def test_abort_drops_the_group_on_a_new_version(params):
 
 @pytest.mark.parametrize("dist", ["fixed", "uniform", "exponential"])
 def test_latency_distributions_keep_their_mean(dist):
-    runner = GroupRunner(None, None, EnvConfig(latency_s=0.2, latency_dist=dist), ActorsConfig(), 16)
+    runner = GroupRunner(None, None, None, EnvConfig(latency_s=0.2, latency_dist=dist), ActorsConfig(), 16)
     runner._rng.seed(0)
     draws = np.array([runner._latency() for _ in range(20_000)])
     assert abs(draws.mean() - 0.2) < 0.01 and draws.min() >= 0

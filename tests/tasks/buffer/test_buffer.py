@@ -2,7 +2,11 @@
 
 import contextlib
 import os
+import signal
+import subprocess
+import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,8 +15,10 @@ from distributed import Client, Future, LocalCluster, Queue, get_client
 from learner.trajectory import OBSERVATION, Group, Sample, groups_from_wire
 from tasks.buffer.ledger import Ledger, balanced
 from tasks.buffer import exchange as exchange_module
+from tasks.actors.pool import ActorPool
+from tasks.buffer import channels as channels_module
 from tasks.buffer import reader as reader_module
-from tasks.buffer.channels import Channels
+from tasks.buffer.channels import Channels, stop_actors
 from tasks.buffer.exchange import Exchange
 from tasks.buffer.reader import BufferReader
 from tasks.buffer.writer import BufferWriter, EntryChecks
@@ -21,6 +27,7 @@ from tasks.buffer.prompts import PromptSource
 from tasks.actors.envs.guess_number import GuessNumber
 from tasks.buffer.filters import zero_variance
 from tasks.buffer.intake import IntakeRules, Pace
+from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +183,51 @@ def test_a_group_whose_worker_died_is_lost_and_retried(monkeypatch):
             assert accounting["waiting"] + accounting["in_flight"] == 1 and balanced(accounting)
         finally:
             reader.close()
+
+
+def blocked_producer(session):
+    """An actor blocked on a full buffer until the learner stops it: it puts, then waits for
+    its `None` prompt."""
+    produce(0, session, 0, 0.0)
+    produce(0, session, 1, 0.0)  # blocks: the buffer holds one
+    return Queue(Channels(session).prompts(0), client=get_client()).get(timeout=10)
+
+
+def test_stopping_actors_releases_one_blocked_on_a_full_buffer(client):
+    session = "stop"
+    Queue(Channels(session).buffer, client=client, maxsize=1)
+    actor = client.submit(blocked_producer, session, pure=False)
+    time.sleep(1.0)
+    assert not actor.done()
+    assert stop_actors(client, Channels(session), 1, done=actor.done, timeout_s=20)
+    assert actor.result() is None  # its stop prompt
+
+
+@pytest.fixture
+def hung_scheduler():
+    """A client of a scheduler that stops answering (SIGSTOP): a hung scheduler."""
+    port = free_port()
+    scheduler = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "dask"), "scheduler", "--host",
+                                  "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with Client(f"tcp://127.0.0.1:{port}", timeout=60) as client:
+            os.kill(scheduler.pid, signal.SIGSTOP)
+            yield client
+            os.kill(scheduler.pid, signal.SIGKILL)
+    finally:
+        scheduler.kill()
+        scheduler.wait()
+
+
+@pytest.mark.timeout(120)
+def test_stopping_actors_gives_up_on_a_hung_scheduler_in_time(hung_scheduler, monkeypatch):
+    monkeypatch.setattr(channels_module, "SCHEDULER_TIMEOUT_S", 2.0)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="telling the actors to stop: the Dask scheduler .* did not answer"):
+        stop_actors(hung_scheduler, Channels("hung"), 2)
+    warnings = []
+    pool = ActorPool(hung_scheduler, SimpleNamespace(channels=Channels("hung")), 2, log=print, warn=warnings.append)
+    pool.stop(timeout_s=5)  # the session's cleanup: gives up loudly, does not raise
+    assert time.monotonic() - start < 20
+    assert len(warnings) == 1 and "could not stop the actors" in warnings[0]

@@ -5,6 +5,7 @@ import threading
 
 import jax
 import numpy as np
+import pytest
 
 from tasks.buffer.ledger import balanced
 from tasks.runtime.checkpoints import Checkpoints
@@ -27,9 +28,10 @@ def train_state(value: float):
 ABSTRACT = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), train_state(0.0))
 
 
-def run_state(tmp_path, rules, recorder=None):
+def run_state(tmp_path, rules, recorder=None, warnings=None):
+    warn = warnings.append if warnings is not None else print
     return RunState(Checkpoints(tmp_path / "checkpoints", keep=None), rules, recorder or Recorder(),
-                    run_name="t", seed=7, run_dir=tmp_path)
+                    run_name="t", seed=7, run_dir=tmp_path, warn=warn)
 
 
 def test_nothing_to_restore_in_a_new_run_directory(tmp_path):
@@ -67,8 +69,28 @@ def test_a_version_is_recorded_only_once_its_checkpoint_is_committed(tmp_path):
     assert [v["version"] for v in recorder.versions] == [1]
     state.commit()
     assert [(v["version"], v["parent"]) for v in recorder.versions] == [(1, None), (2, tmp_path.resolve() / "checkpoints" / "1")]
-    assert [row["version"] for row in recorder.versions[-1]["rows"]] == [1, 2]
     state.close()
+
+
+def test_each_version_event_carries_only_the_rows_not_sent_before(tmp_path):
+    """The task keeps the `model-versions` table: an event carrying the whole table grows
+    with the run until it outgrows the pipe, where a learner killed mid-message hung the task."""
+    recorder = Recorder()
+    state = run_state(tmp_path, make_rules(), recorder)
+    for version in (1, 2, 3):
+        state.save(train_state(version), step=4 * version, version=version, reward_mean=0.5)
+    state.commit()
+    state.close()
+    assert [[row["version"] for row in v["new_rows"]] for v in recorder.versions] == [[1], [2], [3]]
+
+    resumed_recorder = Recorder()  # a new session: its task has no table yet
+    resumed = run_state(tmp_path, make_rules(), resumed_recorder)
+    resumed.restore(ABSTRACT)
+    for version in (4, 5):
+        resumed.save(train_state(version), step=4 * version, version=version, reward_mean=0.5)
+    resumed.commit()
+    resumed.close()
+    assert [[row["version"] for row in v["new_rows"]] for v in resumed_recorder.versions] == [[1, 2, 3, 4], [5]]
 
 
 def test_the_intake_snapshot_is_consistent_while_the_intake_thread_works(tmp_path):
@@ -136,3 +158,56 @@ def test_a_dispatch_waits_for_a_snapshot_in_progress():
     dispatcher.join()
     assert snapshots[0]["data"]["cursor"] == 0 and snapshots[0]["redo"] == []
     assert rules.snapshot()["data"]["cursor"] == 4 and len(rules.snapshot()["redo"]) == 4
+
+
+def saved_run(tmp_path, versions=(1, 2)):
+    """A run directory with a committed checkpoint of each of `versions` (weights 100 floats
+    of the version, so that the array file is larger than Orbax's small metadata files)."""
+    state = run_state(tmp_path, make_rules())
+    for version in versions:
+        state.save(big_state(version), step=4 * version, version=version, reward_mean=0.5)
+    state.close()
+
+
+def big_state(value: float):
+    return {"w": np.full(100_000, value, np.float32), "step": np.int32(value)}
+
+
+BIG = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), big_state(0.0))
+
+
+def truncate(path, size=100):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def largest_file(directory):
+    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["array", "record"])
+def test_a_damaged_latest_checkpoint_is_set_aside_and_the_previous_one_restored(tmp_path, damage):
+    saved_run(tmp_path)
+    latest = tmp_path / "checkpoints" / "2"
+    if damage == "array":  # cut short by a full disk or a power loss
+        truncate(largest_file(latest / "state"))
+    else:
+        (latest / "record" / "metadata").write_text('{"step": 8, "versions": [{"vers')
+
+    warnings = []
+    state = run_state(tmp_path, make_rules(), warnings=warnings)
+    restored = state.restore(BIG)
+    assert (restored.version, restored.step) == (1, 4) and restored.state["w"][0] == 1.0
+    assert len(warnings) == 1 and "checkpoint 2 is damaged" in warnings[0] and "version 1" in warnings[0]
+    assert not latest.exists() and len(list((tmp_path / "damaged-checkpoints").iterdir())) == 1
+    state.save(big_state(2.0), step=8, version=2, reward_mean=0.5)  # version 2 is written again
+    state.close()
+    assert Checkpoints(tmp_path / "checkpoints", keep=None).versions() == [1, 2]
+
+
+def test_when_no_checkpoint_restores_nothing_is_moved_and_the_error_names_each(tmp_path):
+    saved_run(tmp_path)
+    wrong = {**BIG, "v": BIG["w"]}  # the spec's model changed, say: a tree the checkpoints do not hold
+    with pytest.raises(RuntimeError, match="no checkpoint .* restores: version 2: .*; version 1: "):
+        run_state(tmp_path, make_rules()).restore(wrong)
+    assert Checkpoints(tmp_path / "checkpoints", keep=None).versions() == [1, 2]

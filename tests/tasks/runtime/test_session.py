@@ -105,7 +105,7 @@ def session(tmp_path, *, steps=8, interval=4, every=1, success=False, target=Non
     rules = make_rules(outstanding=6)
     recorder = Recorder()
     run_state = RunState(Checkpoints(tmp_path / "checkpoints", keep=None), rules, recorder,
-                         run_name="t", seed=0, run_dir=tmp_path)
+                         run_name="t", seed=0, run_dir=tmp_path, warn=print)
     weights = WeightSource(Transport(fail_at), interval)
     reader = BufferReader(rules, weights, prefetch=4)
     actors = InProcessActors(rules, reader, success)

@@ -101,7 +101,7 @@ def test_async_step_through_the_group_runner():
                                               "actors.group_size=4"])
     envs = [resolve_entrypoint(spec.env.entrypoint)(**spec.env.kwargs) for _ in range(spec.actors.group_size)]
     with local_generation(spec.model, spec.actors, jax.device_get(init_params(spec.model, 0)), version=3) as service:
-        runner = GroupRunner.build(service.generate, spec.env, spec.actors, spec.model)
+        runner = GroupRunner.build(service, spec.env, spec.actors, spec.model)
         group = asyncio.run(runner.run(0, "target=7", 0, envs))
     assert group.aborted is None and len(group.samples) == spec.actors.group_size
     for sample in group.samples:

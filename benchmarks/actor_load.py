@@ -1,0 +1,102 @@
+"""The actors under load, in real runs (`tandem run`, the learner on one core, the actors and
+the Dask scheduler on the other):
+
+- concurrency: at `--latency` seconds per environment step, one actor process playing
+  `--episodes` episodes at once, on a learner heavy enough to need them (the default
+  spec's game with a larger model and four passes over each batch): episodes in flight,
+  learner busy and the Dask scheduler's CPU, in steady state.
+- compiles: a `--steps`-step run of the default spec at zero latency: the learner's train-step
+  compiles (bounded by `learner.buckets`) and the actor engine's (bounded by its slots and
+  window, `learner.engine`), as each reports them at the end.
+Usage:
+
+    python benchmarks/actor_load.py [--part concurrency compiles] [--latency 2] [--episodes 1600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from harness import actor_pool, emit, run_tandem, split_cores, steady_rates
+
+SPEC = "specs/guess-number.yaml"
+# A train step of ~0.3 s on one core, four per batch: ~1.2 s to take 16 groups.
+HEAVY = ["model.d_model=256", "model.n_heads=8", "model.n_kv_heads=4", "model.d_ff=1024", "learner.epochs=4",
+         "sync.interval=4", "learner.optimizer.lr=0.0003"]
+
+
+def concurrency(latency: float, episodes: int, seconds: float, work: Path) -> dict:
+    learner_cores, actor_cores = split_cores()
+    groups = -(-episodes // 8)
+    overrides = [*HEAVY, f"env.latency_s={latency}", f"actors.actors={groups}", "actors.slots=1024",
+                 "learner.stop_at_success=null", "learner.steps=100000", "checkpoint.every=100000"]
+    with actor_pool(actor_cores) as address:
+        scheduler = next(p for p in psutil.Process().children() if "scheduler" in " ".join(p.cmdline()))
+        cpu = _CpuMeter(scheduler)
+        result = run_tandem(SPEC, [*overrides, f"actors.cluster={address}"], work / "concurrency",
+                            cores=learner_cores, budget_s=seconds, stop=lambda records: cpu.watch(records))
+    steady = [r for r in result.records if r["step"] > 5]
+    return {"latency_s": latency, "episodes_asked": episodes,
+            "episodes_in_flight": float(np.mean([r["in_flight"] for r in steady])) * 8 if steady else None,
+            "learner_busy": steady_rates(result.records, skip=5)["busy"], "steps": len(result.records),
+            "scheduler_cpu_%": cpu.percent()}
+
+
+class _CpuMeter:
+    """The scheduler's CPU over the run's steady part (from its sixth step on)."""
+
+    def __init__(self, process: psutil.Process):
+        self.process, self.start = process, None
+
+    def watch(self, records: list[dict]) -> bool:
+        if self.start is None and len(records) > 5:
+            self.start = (time.monotonic(), self.process.cpu_times())
+        self.last = (time.monotonic(), self.process.cpu_times())
+        return False
+
+    def percent(self) -> float | None:
+        if self.start is None:
+            return None
+        (t0, c0), (t1, c1) = self.start, self.last
+        return 100 * ((c1.user + c1.system) - (c0.user + c0.system)) / (t1 - t0)
+
+
+def compiles(steps: int, work: Path) -> dict:
+    learner_cores, actor_cores = split_cores()
+    with actor_pool(actor_cores) as address:
+        result = run_tandem(SPEC, [f"actors.cluster={address}", "learner.stop_at_success=null",
+                                   f"learner.steps={steps}", "checkpoint.every=100000"],
+                            work / "compiles", cores=learner_cores, budget_s=3600)
+    log = (work / "compiles.log").read_text()
+    engine = re.findall(r"engine compiles (\{[^}]*\})", log)
+    return {"steps": len(result.records), "train_step_compiles": result.records[-1]["compiles"],
+            "learner_buckets": 2, "engine_compiles": engine[-1] if engine else "not logged"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", nargs="+", choices=["concurrency", "compiles"], default=["concurrency", "compiles"])
+    parser.add_argument("--latency", type=float, default=2.0)
+    parser.add_argument("--episodes", type=int, default=1600)
+    parser.add_argument("--seconds", type=float, default=120.0, help="concurrency: after the first step")
+    parser.add_argument("--steps", type=int, default=1000, help="compiles: the run's steps")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "actor_load.json")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tandem-load-") as work:
+        if "concurrency" in args.part:
+            rows.append(concurrency(args.latency, args.episodes, args.seconds, Path(work)))
+        if "compiles" in args.part:
+            rows.append(compiles(args.steps, Path(work)))
+    emit("actors under load", rows, args.out, args=vars(args) | {"out": str(args.out)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Soak (not in CI): the default spec trained under random kills, then checked for anything
+lost or trained twice.
+
+    python benchmarks/soak.py                        # one hour, a kill every 5 minutes
+    python benchmarks/soak.py --minutes 6 --every 2  # a short check
+
+`specs/guess-number.yaml` runs with no success target and more steps than the time allows,
+on a Prefect server of its own. Every `--every` minutes one of these is killed, in a
+random order that takes each once in every three kills:
+  worker   kill -9 of a Dask worker process of the local cluster (its nanny restarts it);
+  learner  kill -9 of the learner process (Prefect retries the learner task, which resumes);
+  run      kill of the whole `tandem run` process group, then `tandem resume RUN_DIR`, as
+           a user would (so is any `tandem` that exits early: a learner killed a third
+           time in one flow run exhausts the task's retries).
+When the time is up, the run is stopped the same way as `run` and resumed with
+`learner.steps` a few dozen steps past its latest checkpoint, so that it finishes. Then the
+figures, from `metrics.jsonl`, `accounting.json` and the latest checkpoint's record:
+  steps_twice     step records written twice (records after a checkpoint are replaced on resume)
+  trained_twice   prompt ids in the `prompt_ids` of two step records
+  prompts_lost    prompts drawn that are nowhere: not trained, not excluded for good, not
+                  in flight, buffered or waiting
+and whether the accounting balances, the steps run 1..N without a gap, the checkpoint's
+record agrees with the metrics, and the run finished (exit 0 at `learner.steps`).
+Logs of each `tandem` go to RUN_DIR.logs/; the figures to RUN_DIR.logs/soak.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the project's packages
+
+from flows.server import start_local_server
+from flows.spec import load_spec
+from tasks.buffer.ledger import balanced
+from tasks.records.metrics_log import MetricsLog
+from tests.conftest import free_port
+
+TANDEM = str(Path(sys.executable).parent / "tandem")
+SPEC = "specs/guess-number.yaml"
+FINAL_STEPS = 40  # steps trained after the last resume, at least: the run's end
+
+
+@dataclasses.dataclass
+class Soak:
+    """The `tandem` process of the run being soaked, and what was done to it."""
+
+    run_dir: Path
+    env: dict
+    rng: random.Random
+    process: subprocess.Popen | None = None
+    target: int | None = None  # learner.steps of the last resume: where the run must end
+    launches: int = 0
+    kills: dict = dataclasses.field(default_factory=lambda: {"worker": 0, "learner": 0, "run": 0})
+    early_exits: list = dataclasses.field(default_factory=list)  # exit codes of runs that ended unasked
+    _bag: list = dataclasses.field(default_factory=list)  # kinds left to kill in this round
+
+    def launch(self, *args: str) -> None:
+        self.launches += 1
+        with open(self.run_dir.with_suffix(".logs") / f"tandem-{self.launches}.log", "w") as log:
+            self.process = subprocess.Popen([TANDEM, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                            env=self.env, start_new_session=True)
+        print(f"[{time.strftime('%H:%M:%S')}] tandem {args[0]} (log tandem-{self.launches}.log)", flush=True)
+
+    def resume(self, *overrides: str) -> None:
+        self.launch("resume", str(self.run_dir), *(a for o in overrides for a in ("--set", o)))
+
+    def next_kind(self) -> str:
+        """The next kind to kill: each of the three once per round, in a random order (so
+        that a short soak sees all three)."""
+        if not self._bag:
+            self._bag = self.rng.sample(["worker", "learner", "run"], 3)
+        return self._bag.pop()
+
+    def kill(self, kind: str) -> None:
+        """Kills a `kind` ("worker", "learner", "run"); a kind with nothing to kill right now
+        (a learner between retries, say) gives way to killing the run."""
+        victim = {"worker": self._worker, "learner": self._learner, "run": lambda: None}[kind]()
+        if victim is None:
+            kind = "run"
+        self.kills[kind] += 1
+        print(f"[{time.strftime('%H:%M:%S')}] kill {kind}" + (f" (pid {victim.pid})" if victim else ""), flush=True)
+        if kind == "run":
+            self.stop()
+            self.resume()
+        else:
+            victim.kill()
+
+    def stop(self) -> None:
+        """Kills the `tandem` process group, and waits until none of it is left."""
+        group = [self.process.pid] + [p.pid for p in self._descendants()]
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it had ended, and its group with it
+            pass
+        self.process.wait()
+        psutil.wait_procs([p for p in map(_process, group) if p is not None], timeout=30)
+
+    def check_alive(self) -> None:
+        """A `tandem` that exited unasked (a learner killed a third time in one flow run
+        exhausts the task's retries; or a failure) is resumed, as a user would."""
+        if self.process.poll() is not None:
+            self.early_exits.append(self.process.returncode)
+            print(f"[{time.strftime('%H:%M:%S')}] tandem exited with code {self.process.returncode}: resuming",
+                  flush=True)
+            self.resume()
+
+    def _descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def _learner(self) -> psutil.Process | None:
+        pid_file = self.run_dir / "learner.pid"
+        text = pid_file.read_text().strip() if pid_file.exists() else ""  # empty while being written
+        pid = int(text) if text.isdigit() else None
+        return next((p for p in self._descendants() if p.pid == pid), None)
+
+    def _worker(self) -> psutil.Process | None:
+        """A Dask worker of the local cluster: a spawned child that is not the learner."""
+        learner = self._learner()
+        workers = [p for p in self._descendants() if _spawned(p) and (learner is None or p.pid != learner.pid)]
+        return self.rng.choice(workers) if workers else None
+
+
+def _spawned(process: psutil.Process) -> bool:
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+    return "multiprocessing" in command and "resource_tracker" not in command
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def soak(run_dir: Path, minutes: float, every: float, seed: int, env: dict) -> Soak:
+    """Trains for `minutes` with a kill every `every` minutes, then brings the run to its end."""
+    state = Soak(run_dir, env, random.Random(seed))
+    state.launch("run", SPEC, "--set", "learner.stop_at_success=null", "--set", "learner.steps=1000000",
+                 "--set", "checkpoint.keep=5", "--set", f"checkpoint.dir={run_dir}")
+    start = time.monotonic()
+    kill_at = start + every * 60
+    while time.monotonic() < start + minutes * 60:
+        state.check_alive()
+        if time.monotonic() >= kill_at:
+            state.kill(state.next_kind())
+            kill_at += every * 60
+        time.sleep(1.0)
+    state.stop()
+    latest = _latest_checkpoint(run_dir)
+    interval = load_spec(run_dir / "spec.yaml").sync.interval  # learner.steps must be a multiple of it
+    state.target = -(-((latest[1]["step"] if latest else 0) + FINAL_STEPS) // interval) * interval
+    print(f"[{time.strftime('%H:%M:%S')}] time is up: finishing at step {state.target}", flush=True)
+    state.resume(f"learner.steps={state.target}")
+    state.process.wait(timeout=1800)
+    return state
+
+
+def _latest_checkpoint(run_dir: Path) -> tuple[int, dict] | None:
+    """(version, record) of the latest committed checkpoint, read as JSON (no model needed)."""
+    versions = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    if not versions:
+        return None
+    return versions[-1], json.loads((run_dir / "checkpoints" / str(versions[-1]) / "record" / "metadata").read_text())
+
+
+def figures(run_dir: Path, state: Soak) -> dict:
+    """What the soak proves, from the run directory."""
+    metrics = MetricsLog(run_dir / "metrics.jsonl").read()
+    accounting = json.loads((run_dir / "accounting.json").read_text())
+    steps = [m["step"] for m in metrics]
+    trained = [i for m in metrics for i in m["prompt_ids"]]
+    excluded_for_good = sum(accounting["excluded"].values()) - accounting["retried"]
+    placed = (len(set(trained)) + excluded_for_good + accounting["in_flight"] + accounting["buffered"]
+              + accounting["waiting"])
+    version, record = _latest_checkpoint(run_dir)
+    return {
+        "steps": len(steps), "steps_twice": len(steps) - len(set(steps)),
+        "steps_contiguous": steps == list(range(1, len(steps) + 1)),
+        "trained": len(trained), "trained_twice": len(trained) - len(set(trained)),
+        "prompts": accounting["prompts"], "prompts_lost": accounting["prompts"] - placed,
+        "consumed_matches_metrics": accounting["consumed"] == len(trained),
+        "accounting_balanced": balanced(accounting),
+        "checkpoint": {"version": version, "step": record["step"],
+                       "consumed_matches_metrics": record["accounting"]["consumed"] == len(trained)},
+        "finished": state.process.returncode == 0 and steps[-1:] == [state.target] == [record["step"]],
+        "exit_code": state.process.returncode, "kills": state.kills, "launches": state.launches,
+        "early_exits": state.early_exits, "excluded": accounting["excluded"], "retried": accounting["retried"],
+        "learner_sessions_failed_and_retried": _count_in_logs(run_dir, "stopping the actors of learner session"),
+    }
+
+
+def _count_in_logs(run_dir: Path, text: str) -> int:
+    return sum(log.read_text(errors="replace").count(text) for log in run_dir.with_suffix(".logs").glob("tandem-*.log"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=60.0, help="training time under kills")
+    parser.add_argument("--every", type=float, default=5.0, help="minutes between kills")
+    parser.add_argument("--seed", type=int, default=0, help="of the choice of what to kill")
+    parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "soak")
+    args = parser.parse_args()
+    run_dir = args.run_dir.resolve()
+    if run_dir.exists():
+        parser.error(f"{run_dir} exists: remove it, or name another with --run-dir")
+    run_dir.with_suffix(".logs").mkdir(parents=True, exist_ok=True)
+    url, server = start_local_server(free_port(), home=run_dir.with_suffix(".logs") / "prefect")
+    try:
+        state = soak(run_dir, args.minutes, args.every, args.seed, {**os.environ, "PREFECT_API_URL": url})
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+    result = figures(run_dir, state)
+    (run_dir.with_suffix(".logs") / "soak.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    sound = (result["finished"] and result["accounting_balanced"] and result["steps_contiguous"]
+             and not result["steps_twice"] and not result["trained_twice"] and not result["prompts_lost"]
+             and result["consumed_matches_metrics"] and result["checkpoint"]["consumed_matches_metrics"])
+    return 0 if sound else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""What `tandem run` shows in the terminal: one live progress display, and the log records
+that are not routine (everything at INFO with `--verbose`).
+
+The display is fed by the learner task (`tasks.records.loggers.PROGRESS_FEED`), which
+relays every step the learner process reports. The Prefect UI keeps the full logs: only
+the terminal's handler is replaced, not Prefect's API handlers.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import time
+from typing import Callable, Iterator
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, Progress as Bar, TextColumn
+
+from tasks.records.loggers import PROGRESS_LINE, Progress
+from tasks.runtime.interrupt import INTERRUPT
+
+CHATTY = "distributed"  # INFO on every connection, worker and shutdown step: WARNING unless verbose
+
+
+class Routine(logging.Filter):
+    """Hides, below WARNING, what the live display replaces and what every run logs: each
+    task's "Finished in state Completed()" (one per version), the learner's progress lines,
+    and a Ctrl-C's "Cancelled" (the CLI says where the run stopped). What is left is what a
+    user wants to know: a resume, a retry, why it stopped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        message = record.getMessage()
+        return not (message.startswith(("Finished in state Completed", "Finished in state Cancelled"))
+                    or PROGRESS_LINE.match(message))
+
+
+@contextlib.contextmanager
+def terminal_logging(console: Console, verbose: bool) -> Iterator[None]:
+    """Routes log records to the terminal through `console`, so that they print above the
+    live display: those `Routine` lets through, or all at INFO and up if `verbose`."""
+    from prefect.logging.configuration import ensure_logging_setup
+    from prefect.logging.formatters import PrefectFormatter
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    ensure_logging_setup()  # Prefect's own first, else it would be set up over ours
+    # The local cluster's workers and the learner process read this when they start.
+    dask_env = "DASK_LOGGING__DISTRIBUTED" not in os.environ
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "info" if verbose else "warning")
+    root, chatty = logging.getLogger(), logging.getLogger(CHATTY)
+    replaced, chatty_level = [h for h in root.handlers if isinstance(h, PrefectConsoleHandler)], chatty.level
+    handler, prefix = _handler(console)
+    handler.setFormatter(PrefectFormatter(format=f"{prefix}%(name)s - %(message)s",
+                                          flow_run_fmt=f"{prefix}Flow run %(flow_run_name)r - %(message)s",
+                                          task_run_fmt=f"{prefix}Task run %(task_run_name)r - %(message)s",
+                                          datefmt="%H:%M:%S"))
+    if not verbose:
+        handler.addFilter(Routine())
+        chatty.setLevel(logging.WARNING)
+    for h in replaced:
+        root.removeHandler(h)
+    root.addHandler(handler)
+    logging.captureWarnings(True)  # a library's warnings.warn, printed above the display too
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        root.removeHandler(handler)
+        for h in replaced:
+            root.addHandler(h)
+        chatty.setLevel(chatty_level)
+        if dask_env:
+            del os.environ["DASK_LOGGING__DISTRIBUTED"]
+
+
+def _handler(console: Console) -> tuple[logging.Handler, str]:
+    """Rich's handler on a terminal (it prints above the live display); elsewhere plain
+    lines, as Prefect's are, with no padding to the console's width. And the prefix its
+    format needs."""
+    if console.is_terminal:
+        return RichHandler(console=console, show_path=False, markup=False, log_time_format="%H:%M:%S"), ""
+    return logging.StreamHandler(console.file), "%(asctime)s | %(levelname)-7s | "
+
+
+class LiveDisplay:
+    """The learner's progress in one live line: step of total, a bar, version, success,
+    reward, groups buffered, the learner's busy time and an ETA. Where the output is not
+    a terminal (a pipe, a CI log), a plain line every `every_s` seconds instead."""
+
+    def __init__(self, console: Console, total_steps: int, stop_at_success: float | None,
+                 every_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+        self.console, self.total, self.target, self.every_s = console, total_steps, stop_at_success, every_s
+        self.clock = clock
+        self.last: Progress | None = None
+        self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
+        self._printed: float | None = None  # when the last plain line was printed
+        self._bar = Bar(TextColumn("step {task.completed:.0f}/{task.total:.0f}"), BarColumn(bar_width=24),
+                        TextColumn("{task.description}"), console=console, refresh_per_second=4,
+                        disable=not console.is_terminal)
+        self._task = self._bar.add_task("starting: Dask actors, the learner process, its first compile",
+                                        total=total_steps)
+
+    def __enter__(self) -> "LiveDisplay":
+        self._bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.refresh()
+        self._bar.stop()
+
+    def update(self, progress: Progress) -> None:
+        self.last, now = progress, self.clock()
+        self._times.append((now, progress.step))
+        self.refresh()
+        if not self.console.is_terminal and (self._printed is None or now - self._printed >= self.every_s):
+            self._printed = now
+            self.console.print(f"step {progress.step}/{self.total} {self.status()}", highlight=False)
+
+    def refresh(self) -> None:
+        """Redraws the line (also to show a Ctrl-C before the next step arrives)."""
+        step = self.last.step if self.last else 0
+        self._bar.update(self._task, completed=step, description=self.status())
+
+    def status(self) -> str:
+        p = self.last
+        if p is None:
+            return "starting: Dask actors, the learner process, its first compile"
+        success = f"success {p.success_rate:.0%} | " if p.success_rate is not None else ""
+        return (f"version {p.version} | {success}reward {p.reward_mean:.2f} | buffered {p.buffered} | "
+                f"busy {p.learner_busy:.0%} | {self._eta()}{self._interrupt_note()}")
+
+    def _eta(self) -> str:
+        """From the pace of the last steps; an upper bound where a success target may stop it earlier."""
+        (t0, s0), (t1, s1) = self._times[0], self._times[-1]
+        if s1 <= s0:
+            return "ETA -"
+        seconds = (self.total - s1) * (t1 - t0) / (s1 - s0)
+        bound = "≤ " if self.target is not None else ""
+        return f"ETA {bound}{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+    @staticmethod
+    def _interrupt_note() -> str:
+        if INTERRUPT.now:
+            return " | Ctrl-C twice: stopping at once"
+        if INTERRUPT.is_set():
+            return " | Ctrl-C: stopping at the next version (Ctrl-C again: at once)"
+        return ""

@@ -1,0 +1,134 @@
+"""What `tandem run` shows and says, without training: the live display, the terminal's
+log filter, the notice of a continued run and `--fresh`, the learner's stop on Ctrl-C,
+`tandem server` with no server."""
+
+import io
+import logging
+
+import pytest
+from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
+from rich.console import Console
+
+from flows import cli
+from flows.cli import main
+from flows.console import LiveDisplay, terminal_logging
+from flows.server import server_command
+from tasks.records.loggers import Progress
+from tasks.runtime.checkpoints import Checkpoints
+from tasks.runtime.interrupt import INTERRUPT
+from tests.conftest import free_port
+from tests.tasks.runtime.test_session import session
+
+SPEC = "name: x\nlearner:\n  steps: 8\nsync:\n  interval: 4\ncheckpoint:\n  dir: {run_dir}\n"
+
+
+def progress(step: int, **fields) -> Progress:
+    return Progress(**{"step": step, "version": step // 4, "reward_mean": 0.5, "success_rate": 0.25,
+                       "buffered": 96, "learner_busy": 0.9, "loss": 0.1, **fields})
+
+
+@pytest.fixture(autouse=True)
+def no_interrupt():
+    INTERRUPT.clear()
+    yield
+    INTERRUPT.clear()
+
+
+def test_display_off_a_terminal_prints_a_plain_line_at_most_every_few_seconds():
+    out, clock = io.StringIO(), iter([0.0, 1.0, 20.0])
+    with LiveDisplay(Console(file=out, width=200), total_steps=100, stop_at_success=0.95, every_s=15,
+                     clock=lambda: next(clock)) as display:
+        for step in (1, 2, 3):
+            display.update(progress(step))
+    lines = out.getvalue().splitlines()
+    assert lines == ["step 1/100 version 0 | success 25% | reward 0.50 | buffered 96 | busy 90% | ETA -",
+                     "step 3/100 version 0 | success 25% | reward 0.50 | buffered 96 | busy 90% | ETA ≤ 16:10"]
+
+
+def test_display_says_what_a_ctrl_c_does():
+    display = LiveDisplay(Console(file=io.StringIO()), total_steps=100, stop_at_success=None)
+    display.update(progress(5))
+    INTERRUPT.request()
+    assert display.status().endswith("Ctrl-C: stopping at the next version (Ctrl-C again: at once)")
+    INTERRUPT.request()
+    assert display.status().endswith("Ctrl-C twice: stopping at once")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_terminal_shows_what_is_not_routine_unless_verbose(verbose):
+    out, task_run = io.StringIO(), logging.LoggerAdapter(logging.getLogger("prefect.task_runs"),
+                                                         {"task_run_name": "learner-0"})
+    dask_level = logging.getLogger("distributed").level
+    with (temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}),  # no flow run here
+          terminal_logging(Console(file=out, width=200), verbose=verbose)):
+        logging.getLogger("distributed.scheduler").info("Register worker addr: tcp://127.0.0.1:1")
+        task_run.info("Finished in state Completed()")
+        task_run.info(progress(7).line())
+        task_run.info("resumed from /r/checkpoints/2: step 8, version 2")
+        logging.getLogger("distributed.worker").warning("a worker's warning")
+    shown = out.getvalue()
+    assert "Task run 'learner-0' - resumed from" in shown and "a worker's warning" in shown
+    for routine in ("Register worker", "Completed()", "step 7 version 1 |"):
+        assert (routine in shown) == verbose, routine
+    assert logging.getLogger("distributed").level == dask_level  # restored
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    started = []
+    monkeypatch.setattr(cli, "_run", lambda spec: started.append(spec) or 0)
+    return started
+
+
+def a_run(tmp_path, version=3):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / str(version)).mkdir(parents=True)
+    (run_dir / "checkpoints" / f"{version + 1}.orbax-checkpoint-tmp-12").mkdir()  # not a checkpoint
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(run_dir=run_dir))
+    return str(spec), run_dir
+
+
+def test_run_says_it_continues_a_run_and_how_to_start_anew(tmp_path, capsys, no_training):
+    spec, run_dir = a_run(tmp_path)
+    assert main(["run", spec]) == 0
+    out = capsys.readouterr().out
+    assert "holds a run (checkpoint of version 3, step 12): continuing it" in out and "--fresh" in out
+    assert run_dir.exists() and no_training
+
+
+def test_fresh_moves_the_previous_run_aside(tmp_path, capsys, no_training):
+    spec, run_dir = a_run(tmp_path)
+    (tmp_path / "run.1").mkdir()
+    assert main(["run", spec, "--fresh"]) == 0
+    assert not run_dir.exists() and (tmp_path / "run.2" / "checkpoints" / "3").is_dir()
+    assert "the previous run is now" in capsys.readouterr().out and no_training
+
+
+def test_resume_says_from_where(tmp_path, capsys, no_training):
+    _, run_dir = a_run(tmp_path)
+    (run_dir / "spec.yaml").write_text(SPEC.format(run_dir=run_dir))
+    assert main(["resume", str(run_dir)]) == 0
+    assert "from its checkpoint of version 3 (step 12)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("action, code", [("status", 1), ("stop", 0)])
+def test_server_commands_without_a_server(capsys, action, code):
+    port = free_port()
+    assert server_command(action, port) == code
+    assert capsys.readouterr().out == f"no Prefect server at http://127.0.0.1:{port}\n"
+
+
+def test_interrupted_session_trains_to_its_next_version_and_checkpoints_it(tmp_path):
+    run, recorder = session(tmp_path, steps=40, interval=4)
+    run.interrupted = lambda: bool(recorder.steps) and recorder.steps[0][0] >= 1  # from the first step on
+    result = run.run()
+    assert (result["step"], result["version"], result["stopped"]) == (4, 1, "interrupted")
+    assert Checkpoints(tmp_path / "checkpoints", None).versions() == [1] and recorder.versions == [1]
+
+
+def test_session_interrupted_before_it_trains_stops_without_a_step(tmp_path):
+    run, recorder = session(tmp_path, steps=40, interval=4)
+    run.interrupted = lambda: True
+    result = run.run()
+    assert (result["step"], result["stopped"]) == (0, "interrupted") and recorder.steps == []

@@ -1,0 +1,52 @@
+"""The actor pool over a real local cluster: an actor comes back when its worker dies,
+even when that worker was the only one."""
+
+import contextlib
+import os
+import time
+from types import SimpleNamespace
+
+from distributed import Client, LocalCluster
+
+from tasks.actors import pool as pool_module
+from tasks.actors.pool import ActorPool
+from tasks.buffer.channels import Channels
+
+
+def plays_until_stopped(actor_id, setup):
+    """An actor's stand-in: runs for the whole session."""
+    time.sleep(600)
+
+
+def _exit():
+    os._exit(1)
+
+
+def running(client):
+    return {key for keys in client.processing().values() for key in keys}
+
+
+def wait_until(predicate, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_an_actor_whose_only_worker_died_runs_again_on_its_restarted_worker(monkeypatch):
+    """Pinned to its worker, it waited in Dask's "no-worker" state for good, and the
+    learner for groups."""
+    monkeypatch.setattr(pool_module, "run_actor", plays_until_stopped)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        pool = ActorPool(client, SimpleNamespace(channels=Channels("one")), 1, log=print)
+        pool.start()
+        [actor] = pool.futures
+        wait_until(lambda: actor.key in running(client))
+        [worker] = client.nthreads()
+        with contextlib.suppress(Exception):
+            client.run(_exit, workers=[worker])
+        wait_until(lambda: set(client.nthreads()) - {worker})  # restarted by its nanny
+        wait_until(lambda: actor.key in running(client))
+        pool.raise_if_failed()
+        client.cancel(pool.futures)
