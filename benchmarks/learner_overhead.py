@@ -70,7 +70,7 @@ def canned_actor(actor: int, channels: Channels, checks: EntryChecks, inline_byt
     writer = BufferWriter(actor, channels, client, checks, inline_bytes)
     writer.hello()
     while (message := prompts.get()) is not None:
-        for prompt in map(Prompt.from_wire, message):
+        for prompt in map(Prompt.from_wire, message["prompts"]):
             writer.add(dataclasses.replace(group, prompt_id=prompt.id, attempt=prompt.attempt))
         writer.flush()
 

@@ -110,8 +110,8 @@ class _Actor:
             while (message := await asyncio.to_thread(self.prompts.get)) is not None:
                 if await asyncio.to_thread(self.stop.is_set):
                     break
-                for wire in message:
-                    await self._start(Prompt.from_wire(wire), playing)
+                for wire in message["prompts"]:
+                    await self._start(Prompt.from_wire(wire), message["version"], playing)
         finally:
             for task in playing:
                 task.cancel()
@@ -119,25 +119,34 @@ class _Actor:
         # Shapes compiled by this process's engine, bounded by its slots and window (learner.engine).
         return {**self.stats, "compiles": self.service.engine.compiles, "prefix": self.service.engine.admitted}
 
-    async def _start(self, prompt: Prompt, playing: set) -> None:
+    async def _start(self, prompt: Prompt, version: int, playing: set) -> None:
         """Starts playing `prompt` once an environment set is free."""
         while not self.envs:
             await asyncio.wait(playing, return_when=asyncio.FIRST_COMPLETED)
         envs = self.envs.pop()
-        task = asyncio.create_task(self._play(prompt, envs))
+        task = asyncio.create_task(self._play(prompt, version, envs))
         playing.add(task)
         task.add_done_callback(playing.discard)
 
-    async def _play(self, prompt: Prompt, envs: list) -> None:
-        pin = self.follower.latest if self.setup.actors.on_sync != "retract" else None
+    async def _play(self, prompt: Prompt, version: int, envs: list) -> None:
         start = time.perf_counter()
         try:
+            await self._loaded(version)
+            pin = self.follower.latest if self.setup.actors.on_sync != "retract" else None
             group = await self.runner.run(prompt.id, prompt.text, prompt.attempt, envs, pin)
         finally:
             self.envs.append(envs)
         self.stats["rollout_s"] += time.perf_counter() - start
         self.stats["groups"] += 1
         self.writer.add(dataclasses.replace(group, arrival_version=self.service.version))
+
+    async def _loaded(self, version: int) -> None:
+        """Waits until the engine has been handed `version` (or a newer one): a prompt is
+        played with the weights it was dispatched at, at the oldest, which is what
+        synchronous mode and admission control count on. The follower polls every 50 ms."""
+        while self.follower.latest[0] < version:
+            self.follower.raise_if_failed()
+            await asyncio.sleep(0.005)
 
     async def _flush_every(self, seconds: float) -> None:
         while True:

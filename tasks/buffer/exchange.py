@@ -20,6 +20,7 @@ from learner.trajectory import Group, groups_from_wire
 from tasks.background import Background
 from tasks.buffer.channels import Channels
 from tasks.buffer.intake import IntakeRules
+from tasks.buffer.prompts import prompt_message
 from tasks.buffer.reader import BufferReader
 
 IDLE_MIN_S, IDLE_MAX_S = 0.005, 0.08  # the pause between looks, busy or idle
@@ -83,8 +84,9 @@ class Exchange(Background):
             for report in message["reports"]:
                 self._reader.stats.reported(report)
                 self._rules.on_report(report)
-        messages = self._rules.dispatch(self._reader.clock.visible)
-        await asyncio.gather(*(self._prompts[actor].put([p.to_wire() for p in prompts])
+        visible = self._reader.clock.visible
+        messages = self._rules.dispatch(visible)
+        await asyncio.gather(*(self._prompts[actor].put(prompt_message(visible, prompts))
                                for actor, prompts in messages.items()))
         return items
 

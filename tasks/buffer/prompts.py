@@ -27,6 +27,13 @@ class Prompt:
         return cls(*wire)
 
 
+def prompt_message(version: int, prompts: list[Prompt]) -> dict:
+    """What an actor is sent: prompts, with the version they were dispatched at. The actor
+    plays them with that version or a newer one, never an older one it still holds (in
+    synchronous mode a batch is dispatched just as its version is published)."""
+    return {"version": version, "prompts": [p.to_wire() for p in prompts]}
+
+
 class PromptSource:
     """Draws new prompts deterministically: prompt `i` depends only on (seed, i).
 

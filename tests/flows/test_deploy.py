@@ -90,6 +90,7 @@ def test_deployed_spec_runs_on_a_process_worker(process_worker, tmp_path):
     spec = yaml.safe_load((ROOT / "specs" / "guess-number.yaml").read_text())
     spec["learner"] |= {"steps": 4, "batch_groups": 2}
     spec["buffer"]["capacity"] = 8
+    spec["sync"]["interval"], spec["checkpoint"]["every"] = 4, 1  # one version, checkpointed
     spec["checkpoint"]["dir"] = str(tmp_path / "run")
 
     flow_run = run_deployment("tandem-train/guess-number", parameters={"spec": spec}, timeout=400)
@@ -120,6 +121,7 @@ def test_killed_flow_run_retried_from_prefect_continues_from_its_checkpoint(proc
     spec = yaml.safe_load((ROOT / "specs" / "guess-number.yaml").read_text())
     spec["learner"] |= {"steps": 120, "batch_groups": 4, "stop_at_success": None}
     spec["buffer"]["capacity"] = 8
+    spec["sync"]["interval"], spec["checkpoint"]["every"] = 4, 1  # a checkpoint every 4 steps
     spec["checkpoint"]["dir"] = str(run_dir)
     flow_run = run_deployment("tandem-train/guess-number", parameters={"spec": spec}, timeout=0)
     deadline = time.monotonic() + 300
