@@ -69,10 +69,7 @@ class IntakeRules:
         self.held: list[collections.deque[list[tuple[int, int]]]] = [collections.deque() for _ in range(n_actors)]
         self._hellos = [0] * n_actors
         self._logged: collections.Counter[str] = collections.Counter()
-        # Buffered groups by their future's key, to name a group whose data was lost with
-        # its worker; keys fetched (or lost) before their "buffered" report arrived.
-        self._keys: dict[str, tuple[int, int]] = {}
-        self._early: dict[str, bool] = {}
+        self._futures = FutureKeys()
         self.wanted = 0  # groups a waiting learner still needs (synchronous mode makes only these)
         # Observes each exclusion at entry, (reason, detail): the session's no-progress watch.
         self.on_exclusion = lambda reason, detail: None
@@ -140,16 +137,13 @@ class IntakeRules:
         out: dict[int, list[Prompt]] = {}
         for _ in range(self.admissible(version)):
             prompt = self.source.next()
-            actor = min(range(len(self.held)), key=self._holding)
+            actor = min(range(len(self.held)), key=lambda a: sum(map(len, self.held[a])))  # holds fewest
             if actor not in out:
                 self.held[actor].append([])
             self.held[actor][-1].append((prompt.id, prompt.attempt))
             self.ledger.dispatched(prompt, version)
             out.setdefault(actor, []).append(prompt)
         return out
-
-    def _holding(self, actor: int) -> int:
-        return sum(len(message) for message in self.held[actor])
 
     @_locked
     def on_report(self, report: dict) -> None:
@@ -179,34 +173,19 @@ class IntakeRules:
         if event == "buffered":
             self.ledger.buffered(*key)
             future_key = report.get("key")
-            if future_key is None:
-                return
-            if future_key not in self._early:
-                self._keys[future_key] = key
-            elif self._early.pop(future_key):
+            if future_key is not None and self._futures.buffered(future_key, key):
                 self.exclude(*key, "lost")
         else:
-            self._log_exclusion(key, report["reason"], report["detail"])
+            log_exclusion(self.log, self._logged, key, report["reason"], report["detail"])
             self.on_exclusion(report["reason"], report["detail"])
             self.exclude(*key, report["reason"])
 
     @_locked
     def on_fetch(self, future_key: str, *, lost: bool) -> None:
         """The learner fetched a buffered group's data, or found it lost with its worker."""
-        key = self._keys.pop(future_key, None)
-        if key is None:
-            self._early[future_key] = lost
-        elif lost:
+        if (key := self._futures.fetched(future_key, lost=lost)) is not None:
             self.log(f"prompt {key[0]} attempt {key[1]}: its group was lost with its worker")
             self.exclude(*key, "lost")
-
-    def _log_exclusion(self, key: tuple[int, int], reason: str, detail: str, first: int = 3) -> None:
-        """Logs the first few exclusions of each reason in detail; metrics count them all."""
-        if reason == "filtered" or self._logged[reason] > first:
-            return
-        self._logged[reason] += 1
-        more = "; further ones are only counted" if self._logged[reason] > first else ""
-        self.log(f"excluded prompt {key[0]} attempt {key[1]} ({reason}): {detail}{more}")
 
     @_locked
     def on_take(self, group: Group, version: int) -> int | None:
@@ -237,3 +216,37 @@ class IntakeRules:
             return
         self.source.again(Prompt(prompt.id, prompt.text, prompt.attempt + 1))
         self.ledger.requeued()
+
+
+def log_exclusion(log, logged: collections.Counter, key: tuple[int, int], reason: str, detail: str,
+                  first: int = 3) -> None:
+    """Logs the first few exclusions of each reason in detail; metrics count them all."""
+    if reason == "filtered" or logged[reason] > first:
+        return
+    logged[reason] += 1
+    more = "; further ones are only counted" if logged[reason] > first else ""
+    log(f"excluded prompt {key[0]} attempt {key[1]} ({reason}): {detail}{more}")
+
+
+class FutureKeys:
+    """Buffered groups that travel as futures, by their future's key, to name a group whose
+    data was lost with its worker. The learner may fetch a group (or find it lost) before
+    its "buffered" report arrives: such keys wait here for the report."""
+
+    def __init__(self):
+        self._attempts: dict[str, tuple[int, int]] = {}  # reported, not yet fetched
+        self._early: dict[str, bool] = {}  # fetched before reported: whether lost
+
+    def buffered(self, future_key: str, attempt: tuple[int, int]) -> bool:
+        """The report of `attempt`'s group; True if its data was already found lost."""
+        if future_key in self._early:
+            return self._early.pop(future_key)
+        self._attempts[future_key] = attempt
+        return False
+
+    def fetched(self, future_key: str, *, lost: bool) -> tuple[int, int] | None:
+        """A fetch of the group; the attempt whose data was lost, once it is known."""
+        attempt = self._attempts.pop(future_key, None)
+        if attempt is None:
+            self._early[future_key] = lost
+        return attempt if lost else None

@@ -4,7 +4,7 @@ checkpoint if it has one: the one place that knows which part needs which sectio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from distributed import Client
 
@@ -68,6 +68,15 @@ def intake_rules(spec: RunSpec, log) -> IntakeRules:
     return IntakeRules(spec.buffer, Ledger(), source, pace, spec.actors.n_actors, log=log)
 
 
+def _train_state(spec: RunSpec, run_state: RunState, mesh, log) -> tuple[Any, int, int]:
+    """(state, step, version): the latest checkpoint's, or a new run's."""
+    restored = run_state.restore(abstract_train_state(spec.model, spec.learner, mesh))
+    if restored is None:
+        return init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh), 0, 0
+    log.info(f"resumed from {restored.path}: step {restored.step}, version {restored.version}")
+    return restored.state, restored.step, restored.version
+
+
 def build_session(spec: RunSpec, client: Client, channels: Channels, log, reporter: Reporter,
                   interrupted: Callable[[], bool] = lambda: False) -> Session:
     """The parts of a session of `spec`; `log` has .info and .warning; once `interrupted()`,
@@ -77,12 +86,7 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     run_state = RunState(Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep), rules, reporter,
                          run_name=spec.name, seed=spec.seed, run_dir=run_dir, warn=log.warning)
     mesh = make_mesh(spec.learner.mesh)
-    restored = run_state.restore(abstract_train_state(spec.model, spec.learner, mesh))
-    if restored is None:
-        state, step, version = init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh), 0, 0
-    else:
-        state, step, version = restored.state, restored.step, restored.version
-        log.info(f"resumed from {restored.path}: step {step}, version {version}")
+    state, step, version = _train_state(spec, run_state, mesh, log)
     learner = Learner(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)
     weights = WeightSource(HttpTransport(channels, client), spec.sync.interval, version=version)
     setup = ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
