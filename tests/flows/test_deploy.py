@@ -112,6 +112,7 @@ def test_deployed_spec_runs_on_a_process_worker(process_worker, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # ~5 min on 2 cores; CI runs the deployed run above and the resume tests of test_train_e2e
 def test_killed_flow_run_retried_from_prefect_continues_from_its_checkpoint(process_worker, tmp_path):
     import time
 
