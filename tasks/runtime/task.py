@@ -21,8 +21,14 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, Channels, stop_actors
-from tasks.records.artifacts import ProgressRecord, record_version
+from tasks.actors.envs import resolve_entrypoint
+from tasks.eval.play import EvalSetup
+from tasks.eval.prompts import eval_prompts
+from tasks.eval.results import read_scores
+from tasks.eval.runner import Evaluations
+from tasks.records.artifacts import ProgressRecord, record_version, record_versions_table
 from tasks.records.loggers import PROGRESS_FEED, Progress
+from tasks.records.versions import VersionTable
 from tasks.runtime.build import RunSpec, build_session
 from tasks.runtime.failures import Unrecoverable
 from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
@@ -31,6 +37,7 @@ from tasks.runtime.relay import EventReader, LogForwarder
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
 LOCK_FILE = "learner.lock"  # held (flock) by that process
 STOPPED_AT_ONCE = {"stopped": "at once"}  # the result of a learner terminated by a second Ctrl-C
+LAST_EVAL_WAIT_S = 300.0  # once training is over, for the evaluations still running
 
 
 def permanent(error: BaseException) -> bool:
@@ -52,6 +59,7 @@ def _retriable(task, task_run, state) -> bool:
 def learn(spec: RunSpec, scheduler_address: str) -> dict:
     """Trains to `learner.steps`, resuming from the run directory's latest checkpoint."""
     log = get_run_logger()
+    records = _Records(spec, scheduler_address, log)
     channels = Channels(uuid.uuid4().hex[:8])
     context = multiprocessing.get_context("spawn")
     events, stop = EventReader(), context.Event()
@@ -62,7 +70,7 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
     events.started()
     result, grace_s = None, 30.0
     try:
-        result = _relay(events, process, log, spec, stop)
+        result = _relay(events, process, log, spec, stop, records)
     except Exception:
         grace_s = 5.0  # failed, or given up on (a Prefect API error, say): a learner left running trains unrecorded
         raise
@@ -72,6 +80,7 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
             process.kill()
             process.join(timeout=5)
         events.close()
+        records.close()
         if result is None or result == STOPPED_AT_ONCE:  # its session may not have stopped its actors
             _stop_actors(scheduler_address, channels, spec.actors.n_actors, log)
     if result is None:
@@ -91,13 +100,53 @@ def _stop_actors(scheduler_address: str, channels: Channels, n_actors: int, log)
                   "they keep their worker threads until the Dask cluster restarts")
 
 
-def _relay(events, process, log, spec: RunSpec, stop) -> dict | None:
+class _Records:
+    """What the task records besides the learner's events: the `model-versions` table and
+    the evaluations of versions (`tasks.eval`), run beside training."""
+
+    def __init__(self, spec: RunSpec, scheduler_address: str, log):
+        run_dir = spec.run_dir.resolve()
+        self.spec, self.log, self.checkpoints = spec, log, run_dir / "checkpoints"
+        self.table = VersionTable(read_scores(run_dir))
+        self.evals = None
+        if spec.eval.every is not None:
+            prompts = eval_prompts(spec.eval, resolve_entrypoint(spec.env.entrypoint), spec.env.kwargs)
+            setup = EvalSetup(spec.eval, spec.env, spec.actors, spec.model, tuple(prompts))
+            self.evals = Evaluations(setup, scheduler_address, run_name=spec.name, run_dir=run_dir, log=log,
+                                     concurrency=spec.actors.n_actors)
+
+    def version(self, payload: dict) -> None:
+        self.table.add_rows(payload.pop("new_rows"))  # each event brings only the rows not sent before
+        record_version(**payload, rows=self.table.rows())
+
+    def evaluate(self, payload: dict) -> None:
+        checkpoint = self.checkpoints / str(payload["version"]) if payload["checkpointed"] else None
+        self.evals.submit(version=payload["version"], step=payload["step"], params=payload["params"],
+                          checkpoint=checkpoint)
+
+    def collect(self, wait_s: float | None = 0.0) -> None:
+        """Records the evaluations that finished (waiting up to `wait_s` for the rest)."""
+        lines = self.evals.finished(wait_s) if self.evals is not None else []
+        for line in lines:
+            self.log.info(f"eval of version {line['version']}: success {line['success_rate']:.0%}, "
+                          f"reward {line['reward_mean']:.3f} over {line['episodes']} episodes "
+                          f"({line['eval_s']:.1f} s)")
+            self.table.add_eval(line)
+        if lines:
+            record_versions_table(run_name=self.spec.name, rows=self.table.rows())
+
+    def close(self) -> None:
+        if self.evals is not None:
+            self.evals.close()
+
+
+def _relay(events, process, log, spec: RunSpec, stop, records: _Records) -> dict | None:
     """Forwards the process's events until it reports its result or dies; passes a Ctrl-C
     on (`tasks.runtime.interrupt`): `stop` ends training at the next version, a second
     Ctrl-C terminates the process, which unwinds (stops its actors) and exits."""
     progress, terminated = None, False
-    versions: list[dict] = []  # `model-versions`: each version event brings only the rows not sent before
     while True:
+        records.collect()
         if INTERRUPT.is_set():
             stop.set()
         if INTERRUPT.now and not terminated:
@@ -111,8 +160,9 @@ def _relay(events, process, log, spec: RunSpec, stop) -> dict | None:
         if kind == "log":
             getattr(log, payload[0])(payload[1])
         elif kind == "version":
-            versions += payload.pop("new_rows")
-            record_version(**payload, rows=list(versions))
+            records.version(payload)
+        elif kind == "eval":
+            records.evaluate(payload)
         elif kind == "progress":
             if progress is None:
                 progress = ProgressRecord(run_name=spec.name, step=payload.step, version=payload.version,
@@ -122,6 +172,8 @@ def _relay(events, process, log, spec: RunSpec, stop) -> dict | None:
         elif kind == "done":
             if progress is not None:
                 progress.finish(payload["step"], payload["version"], payload["stopped"])
+            if payload["stopped"] != "interrupted":
+                records.collect(wait_s=LAST_EVAL_WAIT_S)
             return payload
         elif kind == "error":
             if terminated:
@@ -147,6 +199,9 @@ class _Events:
 
     def progress(self, progress: Progress) -> None:
         self._events.put(("progress", progress))
+
+    def evaluate(self, **fields) -> None:
+        self._events.put(("eval", fields))
 
 
 def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, events, stop) -> None:
