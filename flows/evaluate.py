@@ -10,6 +10,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows.show import transcript
 from flows.spec import Spec
 from learner.serialization import params_to_bytes
 from tasks.actors.cluster import actor_cluster
@@ -18,6 +19,7 @@ from tasks.eval.play import EvalSetup
 from tasks.eval.prompts import eval_prompts
 from tasks.eval.results import best_version, read_scores
 from tasks.eval.task import EvalTarget, evaluate_version
+from tasks.records.episodes import EVAL_DIRECTORY, read_episodes
 from tasks.runtime.version_weights import available_versions, version_weights
 
 COLUMNS = ("version", "step", "success_rate", "reward_mean", "length_mean", "turns_mean", "episodes", "aborted",
@@ -50,6 +52,22 @@ def table(lines: list[dict]) -> str:
         cells[0] += " (best)" if line["version"] == best else ""
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+def eval_summary(run_dir: Path, episodes: int = 2) -> str:
+    """Markdown for the run summary: the best version, the eval table, a few of the best
+    version's episodes as transcripts and a link to all of them; "" if nothing was evaluated."""
+    scores = read_scores(run_dir)
+    best = best_version(scores)
+    if best is None:
+        return ""
+    path = run_dir / EVAL_DIRECTORY / f"v{best['version']}.jsonl"
+    shown = "\n\n".join(transcript(r) for r in read_episodes(path)[:episodes]) if path.exists() else ""
+    return (f"\n## Evaluation on held-out prompts\n\nBest version by eval score: **{best['version']}** "
+            f"(step {best['step']}): success {best['success_rate']:.0%}, reward {best['reward_mean']:.3f} over "
+            f"{best['episodes']} episodes. `tandem export {run_dir} --version best OUT_DIR` writes it.\n\n"
+            f"{table(scores)}\nEpisodes of version {best['version']} ([all of them]({path.as_uri()}); "
+            f"`tandem show {run_dir} --eval --version {best['version']}`):\n\n```\n{shown}\n```\n")
 
 
 def _cell(value) -> str:

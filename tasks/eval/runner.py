@@ -16,6 +16,7 @@ from tensorboardX import SummaryWriter
 from learner.serialization import params_to_bytes
 from tasks.eval.play import EvalSetup
 from tasks.eval.task import EvalTarget, evaluate_version
+from tasks.records.tensorboard import add_eval
 
 
 class Evaluations:
@@ -52,15 +53,11 @@ class Evaluations:
             except Exception as e:
                 self.log.warning(f"the eval of version {version} failed, training goes on: {type(e).__name__}: {e}")
         for line in lines:
-            self._write_tensorboard(line)
+            if self._tensorboard is None:  # a run of its own beside training's (`eval/...` series)
+                self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard" / "eval"))
+            scores = {k: v for k, v in line.items() if k not in ("version", "step", "time", "checkpoint")}
+            add_eval(self._tensorboard, {"step": line["step"], "time": line["time"], "eval": scores})
         return lines
-
-    def _write_tensorboard(self, line: dict) -> None:
-        if self._tensorboard is None:  # a run of its own beside training's (`eval/...` series)
-            self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard" / "eval"))
-        for name, value in line.items():
-            if isinstance(value, (int, float)) and name not in ("version", "step", "time"):
-                self._tensorboard.add_scalar(f"eval/{name}", value, line["step"], walltime=line["time"])
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
