@@ -118,7 +118,9 @@ class EvalConfig(Frozen):
       decoding: greedy (the likeliest token: deterministic) or sampled (`temperature`).
       k: episodes per prompt; sampled with k > 1 reports pass@k (Chen et al. 2021).
       temperature: of sampled decoding.
-      slots: decode slots of the eval's engine.
+      slots: decode slots of the eval's engine; None: actors.slots, so that it shares the
+        prefill shapes the actor's engine compiled in the same process (only its decode,
+        which differs in sampling, compiles anew).
       retries: Prefect retries of a failed evaluation (a failure never fails training).
     """
 
@@ -129,7 +131,7 @@ class EvalConfig(Frozen):
     decoding: Literal["greedy", "sampled"] = "greedy"
     k: PositiveInt = 1
     temperature: PositiveFloat = 1.0
-    slots: PositiveInt = 32
+    slots: PositiveInt | None = None
     retries: int = Field(2, ge=0)
 
     @model_validator(mode="after")

@@ -49,7 +49,7 @@ def play_eval(setup: EvalSetup, params_bytes: bytes, version: int) -> dict:
     returns {"scores": ..., "episodes": [one record per episode]}."""
     start = time.perf_counter()
     tokenizer = make_tokenizer(setup.model)
-    engine = Engine(setup.model, slots=setup.eval.slots, sampling=setup.sampling,
+    engine = Engine(setup.model, slots=setup.eval.slots or setup.actors.slots, sampling=setup.sampling,
                     stop_ids=tokenizer.stop_ids, check_every=setup.actors.sync_check_tokens)
     service = GenerationService(engine).start()
     service.load(version, params_from_bytes(params_bytes))
