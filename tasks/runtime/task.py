@@ -21,23 +21,17 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, Channels, stop_actors
-from tasks.actors.envs import resolve_entrypoint
-from tasks.eval.play import EvalSetup
-from tasks.eval.prompts import eval_prompts
-from tasks.eval.results import read_scores
-from tasks.eval.runner import Evaluations
-from tasks.records.artifacts import ProgressRecord, record_version, record_versions_table
+from tasks.records.artifacts import ProgressRecord
 from tasks.records.loggers import PROGRESS_FEED, Progress
-from tasks.records.versions import VersionTable
 from tasks.runtime.build import RunSpec, build_session
 from tasks.runtime.failures import Unrecoverable
 from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
 from tasks.runtime.relay import EventReader, LogForwarder
+from tasks.runtime.task_records import TaskRecords
 
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
 LOCK_FILE = "learner.lock"  # held (flock) by that process
 STOPPED_AT_ONCE = {"stopped": "at once"}  # the result of a learner terminated by a second Ctrl-C
-LAST_EVAL_WAIT_S = 300.0  # once training is over, for the evaluations still running
 
 
 def permanent(error: BaseException) -> bool:
@@ -59,7 +53,7 @@ def _retriable(task, task_run, state) -> bool:
 def learn(spec: RunSpec, scheduler_address: str) -> dict:
     """Trains to `learner.steps`, resuming from the run directory's latest checkpoint."""
     log = get_run_logger()
-    records = _Records(spec, scheduler_address, log)
+    records = TaskRecords(spec, scheduler_address, log)
     channels = Channels(uuid.uuid4().hex[:8])
     context = multiprocessing.get_context("spawn")
     events, stop = EventReader(), context.Event()
@@ -100,47 +94,7 @@ def _stop_actors(scheduler_address: str, channels: Channels, n_actors: int, log)
                   "they keep their worker threads until the Dask cluster restarts")
 
 
-class _Records:
-    """What the task records besides the learner's events: the `model-versions` table and
-    the evaluations of versions (`tasks.eval`), run beside training."""
-
-    def __init__(self, spec: RunSpec, scheduler_address: str, log):
-        run_dir = spec.run_dir.resolve()
-        self.spec, self.log, self.checkpoints = spec, log, run_dir / "checkpoints"
-        self.table = VersionTable(read_scores(run_dir))
-        self.evals = None
-        if spec.eval.every is not None:
-            prompts = eval_prompts(spec.eval, resolve_entrypoint(spec.env.entrypoint), spec.env.kwargs)
-            setup = EvalSetup(spec.eval, spec.env, spec.actors, spec.model, tuple(prompts))
-            self.evals = Evaluations(setup, scheduler_address, run_name=spec.name, run_dir=run_dir, log=log,
-                                     concurrency=spec.actors.n_actors)
-
-    def version(self, payload: dict) -> None:
-        self.table.add_rows(payload.pop("new_rows"))  # each event brings only the rows not sent before
-        record_version(**payload, rows=self.table.rows())
-
-    def evaluate(self, payload: dict) -> None:
-        checkpoint = self.checkpoints / str(payload["version"]) if payload["checkpointed"] else None
-        self.evals.submit(version=payload["version"], step=payload["step"], params=payload["params"],
-                          checkpoint=checkpoint)
-
-    def collect(self, wait_s: float | None = 0.0) -> None:
-        """Records the evaluations that finished (waiting up to `wait_s` for the rest)."""
-        lines = self.evals.finished(wait_s) if self.evals is not None else []
-        for line in lines:
-            self.log.info(f"eval of version {line['version']}: success {line['success_rate']:.0%}, "
-                          f"reward {line['reward_mean']:.3f} over {line['episodes']} episodes "
-                          f"({line['eval_s']:.1f} s)")
-            self.table.add_eval(line)
-        if lines:
-            record_versions_table(run_name=self.spec.name, rows=self.table.rows())
-
-    def close(self) -> None:
-        if self.evals is not None:
-            self.evals.close()
-
-
-def _relay(events, process, log, spec: RunSpec, stop, records: _Records) -> dict | None:
+def _relay(events, process, log, spec: RunSpec, stop, records: TaskRecords) -> dict | None:
     """Forwards the process's events until it reports its result or dies; passes a Ctrl-C
     on (`tasks.runtime.interrupt`): `stop` ends training at the next version, a second
     Ctrl-C terminates the process, which unwinds (stops its actors) and exits."""
@@ -173,7 +127,7 @@ def _relay(events, process, log, spec: RunSpec, stop, records: _Records) -> dict
             if progress is not None:
                 progress.finish(payload["step"], payload["version"], payload["stopped"])
             if payload["stopped"] != "interrupted":
-                records.collect(wait_s=LAST_EVAL_WAIT_S)
+                records.collect(wait_s=records.last_wait_s)
             return payload
         elif kind == "error":
             if terminated:

@@ -1,6 +1,7 @@
 """The learner's events to its task, with a real spawned process: a learner killed in the
 middle of a message is seen dead (the task fails into Prefect's retry) instead of waited
-for; the versions table is kept by the task, each event bringing only new rows."""
+for; the versions table is kept by the task (`tasks.runtime.task_records`), each event
+bringing only new rows."""
 
 import logging
 import multiprocessing
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 from tasks.config import EvalConfig
 from tasks.runtime import task as task_module
+from tasks.runtime import task_records
 from tasks.runtime.relay import EventReader, LogForwarder
 
 SPEC = SimpleNamespace(name="t", learner=SimpleNamespace(steps=8), run_dir=Path("/nonexistent/run"),
@@ -21,7 +23,7 @@ SPEC = SimpleNamespace(name="t", learner=SimpleNamespace(steps=8), run_dir=Path(
 
 def records():
     """The task's records of a run that evaluates nothing."""
-    return task_module._Records(SPEC, "tcp://127.0.0.1:1", Log())
+    return task_records.TaskRecords(SPEC, "tcp://127.0.0.1:1", Log())
 
 
 class Log:
@@ -98,7 +100,7 @@ class ScriptedEvents:
 
 def test_the_task_keeps_the_versions_table(monkeypatch):
     recorded = []
-    monkeypatch.setattr(task_module, "record_version", lambda **fields: recorded.append(fields))
+    monkeypatch.setattr(task_records, "record_version", lambda **fields: recorded.append(fields))
     def row(version):
         return {"version": version, "step": 4 * version}
 
