@@ -13,7 +13,7 @@ from tests.conftest import tandem
 pytestmark = pytest.mark.e2e
 
 TINY = ["--set", "learner.batch_groups=4", "--set", "buffer.capacity=8", "--set", "sync.interval=4",
-        "--set", "checkpoint.every=1", "--set", "learner.steps=16", "--set", "eval.every=2"]
+        "--set", "checkpoint.every=1", "--set", "learner.steps=12", "--set", "eval.every=2"]
 
 
 def scores(run_dir):
@@ -35,11 +35,11 @@ def evaluated_run(prefect_api, tmp_path_factory):
 
 def test_every_second_version_and_the_last_are_evaluated_and_recorded(evaluated_run):
     run_dir = evaluated_run
-    assert [s["version"] for s in scores(run_dir)] == [2, 4]
+    assert [s["version"] for s in scores(run_dir)] == [2, 3]  # every 2nd, and the last
     assert all(s["prompts"] == s["episodes"] == 3 for s in scores(run_dir))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [(m["version"], m["step"]) for m in metrics if "eval" in m] == [(2, 8), (4, 16)]
-    assert len((run_dir / "episodes/eval/v4.jsonl").read_text().splitlines()) == 3
+    assert [(m["version"], m["step"]) for m in metrics if "eval" in m] == [(2, 8), (3, 12)]
+    assert len((run_dir / "episodes/eval/v3.jsonl").read_text().splitlines()) == 3
     assert any((run_dir / "episodes").glob("v*.jsonl"))  # training's sample
     assert list((run_dir / "tensorboard/eval").glob("events.out.tfevents.*"))
 
@@ -47,12 +47,12 @@ def test_every_second_version_and_the_last_are_evaluated_and_recorded(evaluated_
         flow_run = next(r for r in client.read_flow_runs() if str(run_dir) in json.dumps(r.parameters.get("spec")))
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
         evals = {t.name: t.state.type.value for t in runs if t.name.startswith("eval-v")}
-        assert evals == {"eval-v2": "COMPLETED", "eval-v4": "COMPLETED"}
+        assert evals == {"eval-v2": "COMPLETED", "eval-v3": "COMPLETED"}
         table = max(client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=["model-versions"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id]))),
             key=lambda artifact: artifact.created)  # the latest: each refresh is a new one
         rows = json.loads(table.data) if isinstance(table.data, str) else table.data
-        assert [r["version"] for r in rows if "eval_success_rate" in r] == [2, 4]
+        assert [r["version"] for r in rows if "eval_success_rate" in r] == [2, 3]
         (summary,) = client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=["run-summary"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
         assert "Best version by eval score" in summary.data and "agent:" in summary.data
@@ -61,21 +61,21 @@ def test_every_second_version_and_the_last_are_evaluated_and_recorded(evaluated_
 def test_eval_after_the_fact_repeats_the_greedy_scores_and_episodes(evaluated_run):
     run_dir = evaluated_run
     during = scores(run_dir)[-1]
-    episodes = (run_dir / "episodes/eval/v4.jsonl").read_text()
-    result = tandem("eval", str(run_dir), "--version", "4")
+    episodes = (run_dir / "episodes/eval/v3.jsonl").read_text()
+    result = tandem("eval", str(run_dir), "--version", "3")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert without_times(scores(run_dir)[-1]) == without_times(during)
-    assert (run_dir / "episodes/eval/v4.jsonl").read_text() == episodes
-    assert "| 4" in result.stdout and (run_dir / "eval/table.md").exists()
+    assert (run_dir / "episodes/eval/v3.jsonl").read_text() == episodes
+    assert "| 3" in result.stdout and (run_dir / "eval/table.md").exists()
     assert tandem("eval", str(run_dir), "--set", "learner.steps=4").returncode == 2  # only eval.* fields
 
 
 def test_show_prints_transcripts(evaluated_run):
-    result = tandem("show", str(evaluated_run), "--eval", "--version", "4", "--limit", "1")
+    result = tandem("show", str(evaluated_run), "--eval", "--version", "3", "--limit", "1")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("v4 · prompt 0") and lines[1].startswith("  prompt: 'secret=")
-    assert lines[2] == "  env:    ':'" and lines[3].startswith("  agent:  '") and lines[3].endswith("(v4)")
+    assert lines[0].startswith("v3 · prompt 0") and lines[1].startswith("  prompt: 'secret=")
+    assert lines[2] == "  env:    ':'" and lines[3].startswith("  agent:  '") and lines[3].endswith("(v3)")
     failed = tandem("show", str(evaluated_run), "--failed")
     assert failed.returncode == 0 and "failed training episodes of version" in failed.stdout
     assert tandem("show", str(evaluated_run), "--version", "999").returncode == 1
