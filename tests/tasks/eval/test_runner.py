@@ -5,7 +5,9 @@ part (`play_on_cluster`) is scripted here; the end-to-end tests play on a real o
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from prefect import flow
 
 from tasks.config import ActorsConfig, EnvConfig, EvalConfig
 from learner.config import ModelConfig
@@ -46,10 +48,17 @@ def scripted(monkeypatch, failures: int) -> list:
 @pytest.mark.parametrize("failures, retries, recorded", [(1, 2, [3]), (3, 2, [])])
 def test_a_failed_eval_is_retried_then_logged(prefect_api, tmp_path, monkeypatch, failures, retries, recorded):
     calls, log = scripted(monkeypatch, failures), Log()
-    evals = evaluations(tmp_path, log, retries)
-    evals.submit(version=3, step=12, params={"w": __import__("numpy").zeros(2, "float32")}, checkpoint=None)
-    lines = evals.finished(wait_s=60)
-    evals.close()
+
+    @flow
+    def training():  # where the learner task submits them
+        evals = evaluations(tmp_path, log, retries)
+        evals.submit(version=3, step=12, params={"w": np.zeros(2, np.float32)}, checkpoint=None)
+        try:
+            return evals.finished(wait_s=60)
+        finally:
+            evals.close()
+
+    lines = training()
     assert [line["version"] for line in lines] == recorded
     assert len(calls) == min(failures + 1, retries + 1)
     if recorded:
