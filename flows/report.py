@@ -19,8 +19,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.eval.results import best_version, read_scores
-from tasks.records.metrics_log import MetricsLog
 from tasks.records.artifacts import record_summary
+from tasks.records.metrics_log import MetricsLog
 from tasks.records.tensorboard import rewrite_eval_events, rewrite_events
 
 # A Figure made without pyplot renders through matplotlib's Agg canvas: no display,

@@ -50,7 +50,7 @@ class Evaluations:
             del self._pending[version]
             try:
                 lines.append(future.result())
-            except Exception as e:
+            except Exception as e:  # whatever failed, training goes on
                 self.log.warning(f"the eval of version {version} failed, training goes on: {type(e).__name__}: {e}")
         for line in lines:
             if self._tensorboard is None:  # a run of its own beside training's (`eval/...` series)

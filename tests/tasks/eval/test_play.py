@@ -2,6 +2,7 @@
 episodes are the ones scored."""
 
 import dataclasses
+from pathlib import Path
 
 import jax
 
@@ -14,7 +15,7 @@ from tasks.eval.prompts import eval_prompts
 
 
 def setup_of(*overrides):
-    spec = parse_spec(open("specs/guess-number.yaml").read(), ["eval.every=5", *overrides])
+    spec = parse_spec(Path("specs/guess-number.yaml").read_text(), ["eval.every=5", *overrides])
     prompts = eval_prompts(spec.eval, resolve_entrypoint(spec.env.entrypoint), spec.env.kwargs)
     return spec, EvalSetup(spec.eval, spec.env, spec.actors, spec.model, tuple(prompts))
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from prefect import flow
 
-from tasks.config import ActorsConfig, EnvConfig, EvalConfig
 from learner.config import ModelConfig
+from tasks.config import ActorsConfig, EnvConfig, EvalConfig
 from tasks.eval import task as eval_task
 from tasks.eval.play import EvalSetup
 from tasks.eval.runner import Evaluations
