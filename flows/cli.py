@@ -288,6 +288,11 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
     from flows.train import ended
 
     console.print(f"{ended(state.result())} after {_minutes(seconds)}. Run directory: {run_dir}")
+    from tasks.eval.results import best_version, read_scores
+
+    if (best := best_version(read_scores(spec.run_dir))) is not None:
+        console.print(f"Best version by eval score: {best['version']} (success {best['success_rate']:.0%} on "
+                      f"held-out prompts); episodes: {tandem_command()} show {run_dir} --eval --version {best['version']}")
     console.print(f"Plots: {tandem_command()} report {run_dir}")
     return 0
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from tasks.actors.envs import resolve_entrypoint
 from tasks.eval.play import EvalSetup
 from tasks.eval.prompts import eval_prompts
@@ -10,6 +12,9 @@ from tasks.eval.results import read_scores
 from tasks.eval.runner import Evaluations
 from tasks.records.artifacts import record_version, record_versions_table
 from tasks.records.versions import VersionTable
+
+
+EVAL_LINE = re.compile(r"eval of version \d+: ")  # one per evaluation: routine (`flows.console`)
 
 
 class TaskRecords:
