@@ -188,7 +188,8 @@ def _records(path: Path) -> list[dict]:
     if not path.exists():
         return []
     complete = path.read_text().split("\n")[:-1]  # the last line may be half-written
-    return [json.loads(line) for line in complete if line.strip()]
+    records = [json.loads(line) for line in complete if line.strip()]
+    return [r for r in records if "eval" not in r]  # step records only (not a version's eval)
 
 
 def rolling_success(records: list[dict], window: int = 5) -> list[float]:

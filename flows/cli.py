@@ -1,4 +1,5 @@
-"""`tandem`: validate, run and resume experiment specs; report on runs; the local Prefect server.
+"""`tandem`: validate, run and resume experiment specs; evaluate, report on, show and export
+runs; the local Prefect server.
 
 Exit codes: 0 success, 1 the run failed, 2 a bad spec: one that does not validate, or
 that cannot run from here (an environment, filter or cluster class that does not import,
@@ -17,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.spec import Spec, SpecError, load_spec
+from flows.spec import Spec, SpecError, SpecIssue, load_spec
 
 BAD_SPEC = 2
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
@@ -61,6 +62,10 @@ def _main(argv: list[str] | None) -> int:
         from flows.server import server_command
 
         return server_command(args.action, args.port)
+    if args.command == "show":
+        from flows.show import show_command
+
+        return show_command(args.run_dir, version=args.version, failed=args.failed, evals=args.eval, limit=args.limit)
     try:
         spec = _spec(args)
     except SpecError as e:
@@ -69,6 +74,14 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "validate":
         print(f"{args.spec}: ok ({spec.name}, run directory {spec.run_dir})")
         return 0
+    if args.command == "eval":
+        from flows.evaluate import eval_command
+
+        return eval_command(spec, args.version, every=args.all, verbose=args.verbose)
+    if args.command == "export":
+        from flows.export import export_command
+
+        return export_command(spec, args.version, args.out_dir)
     if args.command == "audit":
         from flows.audit import audit_command
 
@@ -104,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
                              help=("show every INFO log of Prefect and Dask (default: warnings, and the few "
                                    "that matter: a resume, a retry, why it stopped)"))
     _audit_parser(commands)
+    _run_dir_parsers(commands)
     report = commands.add_parser("report", help="plot a run's metrics into RUN_DIR/report/ and RUN_DIR/tensorboard/")
     report.add_argument("run_dir", type=Path)
     server = commands.add_parser("server", help="the local Prefect server runs use (it outlives them)")
@@ -111,6 +125,28 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=None,
                         help="default: $TANDEM_PREFECT_PORT, else 4200")
     return parser
+
+
+def _run_dir_parsers(commands) -> None:
+    """The commands on a run's directory: eval, show, export."""
+    evaluate = commands.add_parser("eval", help="evaluate a run's checkpoints on the eval prompts (the latest by default)")
+    evaluate.add_argument("run_dir", type=Path)
+    which = evaluate.add_mutually_exclusive_group()
+    which.add_argument("--version", type=int, default=None, help="the version to evaluate")
+    which.add_argument("--all", action="store_true", help="every version with a checkpoint or kept weights")
+    evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="eval.FIELD=VALUE",
+                          help="override a field of the run's eval section (e.g. eval.n=64)")
+    evaluate.add_argument("--verbose", action="store_true", help="show every INFO log of Prefect and Dask")
+    show = commands.add_parser("show", help="print a run's episodes as readable transcripts")
+    show.add_argument("run_dir", type=Path)
+    show.add_argument("--version", type=int, default=None, help="default: the latest with episodes")
+    show.add_argument("--failed", action="store_true", help="only episodes that failed or were excluded")
+    show.add_argument("--eval", action="store_true", help="the evaluation's episodes, not training's sample")
+    show.add_argument("--limit", type=int, default=5, help="episodes to print (default 5)")
+    export = commands.add_parser("export", help="write a version as a Hugging Face directory (model.init from one)")
+    export.add_argument("run_dir", type=Path)
+    export.add_argument("--version", default="best", help="N, or best: the best by eval score (default)")
+    export.add_argument("out_dir", type=Path)
 
 
 def _audit_parser(commands) -> None:
@@ -127,6 +163,13 @@ def _audit_parser(commands) -> None:
 
 
 def _spec(args: argparse.Namespace) -> Spec:
+    if args.command in ("eval", "export"):
+        outside = [o for o in getattr(args, "overrides", []) if not o.startswith("eval.")]
+        if outside:
+            raise SpecError("--set", [SpecIssue(o.partition("=")[0], None, "tandem eval sets only eval.* fields")
+                                      for o in outside])
+        return load_spec(args.run_dir / "spec.yaml",
+                         [*getattr(args, "overrides", []), f"checkpoint.dir={args.run_dir.resolve()}"])
     if args.command == "resume":
         # The run directory is where the spec was found, wherever the run was started from.
         return load_spec(args.run_dir / "spec.yaml",
@@ -245,6 +288,11 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
     from flows.train import ended
 
     console.print(f"{ended(state.result())} after {_minutes(seconds)}. Run directory: {run_dir}")
+    from tasks.eval.results import best_version, read_scores
+
+    if (best := best_version(read_scores(spec.run_dir))) is not None:
+        console.print(f"Best version by eval score: {best['version']} (success {best['success_rate']:.0%} on "
+                      f"held-out prompts); episodes: {tandem_command()} show {run_dir} --eval --version {best['version']}")
     console.print(f"Plots: {tandem_command()} report {run_dir}")
     return 0
 

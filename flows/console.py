@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress as Bar, TextColumn
 
 from tasks.records.loggers import PROGRESS_LINE, Progress
 from tasks.runtime.interrupt import INTERRUPT
+from tasks.runtime.task_records import EVAL_LINE
 
 CHATTY = "distributed"  # INFO on every connection, worker and shutdown step: WARNING unless verbose
 
@@ -28,7 +29,7 @@ CHATTY = "distributed"  # INFO on every connection, worker and shutdown step: WA
 class Routine(logging.Filter):
     """Hides, below WARNING, what the live display replaces and what every run logs: each
     task's "Finished in state Completed()" (one per version), the learner's progress lines,
-    and a Ctrl-C's "Cancelled" (the CLI says where the run stopped). What is left is what a
+    each version's eval scores (the run's end names the best), and a Ctrl-C's "Cancelled" (the CLI says where the run stopped). What is left is what a
     user wants to know: a resume, a retry, why it stopped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -36,7 +37,7 @@ class Routine(logging.Filter):
             return True
         message = record.getMessage()
         return not (message.startswith(("Finished in state Completed", "Finished in state Cancelled"))
-                    or PROGRESS_LINE.match(message))
+                    or PROGRESS_LINE.match(message) or EVAL_LINE.match(message))
 
 
 @contextlib.contextmanager

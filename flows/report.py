@@ -18,9 +18,10 @@ from matplotlib.figure import Figure
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.records.metrics_log import MetricsLog
+from tasks.eval.results import best_version, read_scores
 from tasks.records.artifacts import record_summary
-from tasks.records.tensorboard import rewrite_events
+from tasks.records.metrics_log import MetricsLog
+from tasks.records.tensorboard import rewrite_eval_events, rewrite_events
 
 # A Figure made without pyplot renders through matplotlib's Agg canvas: no display,
 # no global figure state, safe in worker threads.
@@ -28,9 +29,10 @@ FIGSIZE = (6.4, 3.6)
 DPI = 90
 
 
-def _reward(fig: Figure, records: list[dict]) -> None:
+def _reward(fig: Figure, records: list[dict], evals: list[dict] = ()) -> None:
     start = records[0]["time"]
     axes = fig.subplots(1, 2, sharey=True)
+    _evals(axes, evals, start)
     for ax, xs, label in ((axes[0], [r["step"] for r in records], "step"),
                           (axes[1], [r["time"] - start for r in records], "wall time (s)")):
         # Where reward is 1 for a win and 0 otherwise the two curves coincide: success is
@@ -86,6 +88,19 @@ def _exclusions(fig: Figure, records: list[dict], excluded: dict[str, int] | Non
         ax.set_yticks([])
 
 
+def _evals(axes, evals: list[dict], start: float) -> None:
+    """The eval curve (held-out success, by version) beside training's, the best version starred."""
+    if not evals:
+        return
+    best = best_version([{"version": e["version"], **e["eval"]} for e in evals])
+    for ax, x in ((axes[0], lambda e: e["step"]), (axes[1], lambda e: e["time"] - start)):
+        ax.plot([x(e) for e in evals], [e["eval"]["success_rate"] for e in evals], "o-", color="tab:green",
+                markersize=3, linewidth=1, label="eval success (held out)")
+        chosen = next(e for e in evals if e["version"] == best["version"])
+        ax.plot([x(chosen)], [best["success_rate"]], "*", color="tab:red", markersize=12,
+                label=f"best: version {best['version']}")
+
+
 PLOTS: dict[str, Callable[[Figure, list[dict]], None]] = {
     "reward": _reward,
     "learner-busy": _learner_busy,
@@ -95,9 +110,11 @@ PLOTS: dict[str, Callable[[Figure, list[dict]], None]] = {
 }
 
 
-def render_plots(records: list[dict], accounting: dict | None = None) -> dict[str, bytes]:
-    """PNG bytes of every plot, by name; exclusions from `accounting` when given."""
+def render_plots(records: list[dict], accounting: dict | None = None, evals: list[dict] = ()) -> dict[str, bytes]:
+    """PNG bytes of every plot, by name; exclusions from `accounting` when given; the eval
+    records (`metrics.jsonl`) beside the reward."""
     plots = dict(PLOTS)
+    plots["reward"] = functools.partial(_reward, evals=list(evals))
     if accounting is not None:  # the same totals as `accounting.json`
         plots["exclusions"] = functools.partial(_exclusions, excluded=accounting["excluded"])
     pngs = {}
@@ -113,17 +130,20 @@ def render_plots(records: list[dict], accounting: dict | None = None) -> dict[st
 def write_report(run_dir: Path) -> dict[str, bytes]:
     """Writes `run_dir/report/<plot>.png` and `run_dir/tensorboard/` from the run's metrics;
     returns the PNGs by name."""
-    records = MetricsLog(run_dir / "metrics.jsonl").read()
+    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    records, evals = metrics.read(), metrics.read_evals()
     if not records:
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'}: no metrics recorded")
     accounting_file = run_dir / "accounting.json"
     accounting = json.loads(accounting_file.read_text()) if accounting_file.exists() else None
-    pngs = render_plots(records, accounting)
+    pngs = render_plots(records, accounting, evals)
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
     for name, png in pngs.items():
         (out / f"{name}.png").write_bytes(png)
     rewrite_events(run_dir / "tensorboard", records)
+    if evals:
+        rewrite_eval_events(run_dir / "tensorboard" / "eval", evals)
     return pngs
 
 
@@ -142,5 +162,9 @@ def report_command(run_dir: Path) -> int:
         return 1
     for name in pngs:
         print(run_dir / "report" / f"{name}.png")
+    best = best_version(read_scores(run_dir))
+    if best is not None:
+        print(f"Best version by eval score: {best['version']} (step {best['step']}): success "
+              f"{best['success_rate']:.0%}, reward {best['reward_mean']:.3f} on {best['prompts']} held-out prompts")
     print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
     return 0

@@ -20,6 +20,8 @@ from tasks.config import (
     CheckpointConfig,
     DataConfig,
     EnvConfig,
+    EpisodesConfig,
+    EvalConfig,
     SyncConfig,
 )
 
@@ -37,6 +39,8 @@ class Spec(Frozen):
     learner: LearnerConfig = LearnerConfig()
     sync: SyncConfig = SyncConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    eval: EvalConfig = EvalConfig()
+    episodes: EpisodesConfig = EpisodesConfig()
 
     @model_validator(mode="after")
     def _episodes_fit(self) -> "Spec":
@@ -332,13 +336,32 @@ def runnable_problems(spec: Spec | SimpleNamespace) -> list[tuple[str, str]]:
         from tasks.buffer.prompts import read_jsonl  # the reader the run uses
 
         problems += _failing("data.source", lambda: read_jsonl(Path(spec.data.source)))
+    if isinstance(spec, Spec) and spec.eval.every is not None and not problems:
+        try:
+            _training_draws_outside_eval(spec)
+        except ValueError as e:  # its message names its field: eval.prompts, eval.n or data.source
+            field, _, message = str(e).partition(": ")
+            problems.append((field, message) if re.fullmatch(r"(eval|data)\.\w+", field) else ("eval", str(e)))
     return problems
+
+
+def _training_draws_outside_eval(spec) -> None:
+    """Raises ValueError (naming its field) unless the eval's prompts read and training can
+    still draw prompts once they are held out (`tasks.eval.prompts`)."""
+    from tasks.actors.envs import resolve_entrypoint
+    from tasks.buffer.prompts import PromptSource
+    from tasks.eval.prompts import held_out
+
+    env_class = resolve_entrypoint(spec.env.entrypoint)
+    source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed,
+                          held_out=held_out(spec.eval, env_class, spec.env.kwargs))
+    source.next()
 
 
 def _valid_sections(data: dict) -> SimpleNamespace:
     """The sections `runnable_problems` reads, each validated alone; None where invalid."""
     sections = {}
-    for name in ("env", "data", "actors", "buffer"):
+    for name in ("env", "data", "actors", "buffer", "eval"):
         try:
             sections[name] = Spec.model_fields[name].annotation.model_validate(data.get(name, {}))
         except ValidationError:

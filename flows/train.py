@@ -9,6 +9,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled
 
+from flows.evaluate import eval_summary
 from flows.report import publish_report
 from flows.spec import Spec
 from tasks.actors.cluster import actor_cluster
@@ -61,4 +62,4 @@ def _summary(spec: Spec, run_dir: Path, result: dict) -> str:
             f"| groups started | in flight | buffered | consumed | excluded | retried |\n"
             f"|---|---|---|---|---|---|\n| {acc['started']} | {acc['in_flight']} | {acc['buffered']} | "
             f"{acc['consumed']} | {sum(acc['excluded'].values())} | {acc['retried']} |\n\n"
-            f"| excluded because | groups |\n|---|---|\n{excluded}")
+            f"| excluded because | groups |\n|---|---|\n{excluded}" + eval_summary(run_dir))

@@ -1,4 +1,5 @@
-"""Local Hugging Face checkpoints (Llama, Qwen2) as Tandem model configs and parameters.
+"""Local Hugging Face checkpoints (Llama, Qwen2) as Tandem model configs and parameters,
+and back (`save_params`: a trained version as a directory `transformers` loads).
 
 A checkpoint directory holds `config.json`, one or more `*.safetensors` files and
 usually `tokenizer.json`. Nothing is ever downloaded. HF stores a linear layer's
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from learner.model import Params, init_params
 
@@ -138,3 +141,51 @@ def _check_shapes(params: Params, config: ModelConfig) -> None:
     if wrong:
         raise ValueError(f"checkpoint {config.init} does not fit the model at {wrong[:5]}: "
                          f"expected {[want.get(k) for k in wrong[:5]]}, got {[got.get(k) for k in wrong[:5]]}")
+
+
+# Files of a checkpoint directory that describe the model or its tokenizer, not its weights.
+_COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+           "special_tokens_map.json", "chat_template.jinja")
+
+
+def save_params(params: Params, config: ModelConfig, out: str | pathlib.Path) -> pathlib.Path:
+    """Writes `params` as a Hugging Face directory: `model.safetensors` (float32, HF's names
+    and [out, in] layout) beside the config and tokenizer files of `config.init`, the
+    directory the model came from. The inverse of `load_params`.
+
+    Raises:
+      ValueError: the model did not come from a Hugging Face directory.
+    """
+    if config.init == "random":
+        raise ValueError("model.init is random: only a model that came from a Hugging Face directory "
+                         "is written as one (its config.json and tokenizer are copied from there)")
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in _COPIED:
+        if (pathlib.Path(config.init) / name).is_file():
+            shutil.copyfile(pathlib.Path(config.init) / name, out / name)
+    hf = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**hf, "torch_dtype": "float32"}, indent=2))
+    save_file(_hf_weights(params, config), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def _hf_weights(params: Params, config: ModelConfig) -> dict[str, np.ndarray]:
+    def array(x) -> np.ndarray:
+        return np.ascontiguousarray(np.asarray(x, np.float32))
+
+    weights = {"model.embed_tokens.weight": array(params["embed"]["embedding"]),
+               "model.norm.weight": array(params["final_norm"]["scale"])}
+    if not config.tie_embeddings:
+        weights["lm_head.weight"] = array(np.asarray(params["lm_head"]["kernel"]).T)
+    for i in range(config.n_layers):
+        block, prefix = params["blocks"][i], f"model.layers.{i}."
+        weights[f"{prefix}input_layernorm.weight"] = array(block["attn_norm"]["scale"])
+        weights[f"{prefix}post_attention_layernorm.weight"] = array(block["mlp_norm"]["scale"])
+        layers = {f"self_attn.{n}_proj": block["attn"][n] for n in "qkvo"}
+        layers |= {f"mlp.{n}_proj": block["mlp"][n] for n in ("gate", "up", "down")}
+        for name, layer in layers.items():
+            weights[f"{prefix}{name}.weight"] = array(np.asarray(layer["kernel"]).T)
+            if "bias" in layer:
+                weights[f"{prefix}{name}.bias"] = array(layer["bias"])
+    return weights

@@ -101,3 +101,57 @@ class CheckpointConfig(Frozen):
     dir: str | None = None  # the run directory; None: runs/<name>
     keep: PositiveInt | None = 3  # checkpoints kept; None keeps all
     every: PositiveInt = 1  # versions between checkpoints (each checkpoint is recorded in Prefect)
+
+
+class EvalConfig(Frozen):
+    """Evaluation of versions on held-out prompts, on the actors' Dask cluster (beside the
+    actors, never in the learner's way).
+
+    Attributes:
+      every: versions between evaluations during training (the last version is evaluated
+        too); None: none during training (`tandem eval` still evaluates checkpoints).
+      prompts: "env": the first `n` distinct tasks of the environment drawn from a seed
+        stream of their own (`seed`), or a .jsonl of {"prompt": ...} (all its distinct
+        prompts). Held out: training never draws one of them (`tasks.buffer.prompts`).
+      n: prompts drawn from the environment (prompts "env").
+      seed: the eval stream's seed (disjoint from training's whatever its value).
+      decoding: greedy (the likeliest token: deterministic) or sampled (`temperature`).
+      k: episodes per prompt; sampled with k > 1 reports pass@k (Chen et al. 2021).
+      temperature: of sampled decoding.
+      slots: decode slots of the eval's engine; None: actors.slots, so that it shares the
+        prefill shapes the actor's engine compiled in the same process (only its decode,
+        which differs in sampling, compiles anew).
+      retries: Prefect retries of a failed evaluation (a failure never fails training).
+    """
+
+    every: PositiveInt | None = None
+    prompts: str = "env"
+    n: PositiveInt = 16
+    seed: int = 0
+    decoding: Literal["greedy", "sampled"] = "greedy"
+    k: PositiveInt = 1
+    temperature: PositiveFloat = 1.0
+    slots: PositiveInt | None = None
+    retries: int = Field(2, ge=0)
+
+    @model_validator(mode="after")
+    def _greedy_is_one_sample(self) -> "EvalConfig":
+        if self.decoding == "greedy" and self.k != 1:
+            raise ValueError("k: greedy decoding plays each prompt once (k: 1); use decoding: sampled for pass@k")
+        return self
+
+    def due(self, version: int) -> bool:
+        """Whether training evaluates `version` on its way (the last one is evaluated too)."""
+        return self.every is not None and version > 0 and version % self.every == 0
+
+
+class EpisodesConfig(Frozen):
+    """Episodes kept as text for people (`RUN_DIR/episodes/`, `tandem show`).
+
+    Attributes:
+      per_version: training episodes kept per version (the eval keeps all of its own).
+      max_mb: the training samples' budget; the oldest versions' files go first.
+    """
+
+    per_version: int = Field(4, ge=0)
+    max_mb: PositiveFloat = 20.0

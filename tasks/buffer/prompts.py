@@ -40,15 +40,19 @@ class PromptSource:
     So a restored cursor replays exactly the prompts a crashed run would have drawn next.
     """
 
-    def __init__(self, config: DataConfig, env_class: type, env_kwargs: dict, seed: int):
+    def __init__(self, config: DataConfig, env_class: type, env_kwargs: dict, seed: int,
+                 held_out: frozenset[str] = frozenset()):
+        """`held_out`: prompts training never draws (the eval's, `tasks.eval.prompts`)."""
         self.seed = seed
         self.cursor = 0  # ids of new prompts drawn so far: 0 .. cursor-1
         self._again: collections.deque[Prompt] = collections.deque()
         if config.source == "env":
             env = env_class(**env_kwargs)
-            self._text = lambda i: env.task(random.Random(f"{seed}:{i}"))
+            self._text = lambda i: _draw_outside(env, f"{seed}:{i}", held_out)
         else:
-            lines = read_jsonl(Path(config.source))
+            lines = [line for line in read_jsonl(Path(config.source)) if line not in held_out]
+            if not lines:
+                raise ValueError(f"data.source: every prompt of {config.source} is an eval prompt (eval.prompts)")
             self._text = lambda i: lines[i % len(lines)]
 
     def next(self) -> Prompt:
@@ -74,39 +78,53 @@ class PromptSource:
         self._again = collections.deque(Prompt.from_wire(w) for w in state["again"])
 
 
-def read_jsonl(path: Path) -> list[str]:
+MAX_REDRAWS = 1000  # draws of one prompt id that may all be held out before giving up
+
+
+def _draw_outside(env, seed: str, held_out: frozenset[str]) -> str:
+    """The environment's task for `seed`, drawn again (seeds `seed:r`) while it is held out."""
+    text = env.task(random.Random(seed))
+    for r in range(1, MAX_REDRAWS + 1):
+        if text not in held_out:
+            return text
+        text = env.task(random.Random(f"{seed}:{r}"))
+    raise ValueError(f"eval.n: {MAX_REDRAWS} draws of training prompts were all eval prompts "
+                     f"({len(held_out)} held out): the environment has too few tasks; hold out fewer")
+
+
+def read_jsonl(path: Path, field: str = "data.source") -> list[str]:
     """The prompts of a JSONL file, one {"prompt": "..."} per line (blank lines skipped).
 
-    Raises ValueError naming data.source, the file and, for a bad line, its number.
+    Raises ValueError naming `field`, the file and, for a bad line, its number.
     """
     prompts = []
-    for n, line in enumerate(_read_bytes(path).split(b"\n"), 1):
+    for n, line in enumerate(_read_bytes(path, field).split(b"\n"), 1):
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"data.source: {path} line {n}: not UTF-8 (byte 0x{line[e.start]:02x} at "
+            raise ValueError(f"{field}: {path} line {n}: not UTF-8 (byte 0x{line[e.start]:02x} at "
                              f"offset {e.start} of the line); JSON Lines files are UTF-8") from None
         if not text.strip():
             continue
         try:
             record = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"data.source: {path} line {n}: not JSON ({e.msg})") from None
+            raise ValueError(f"{field}: {path} line {n}: not JSON ({e.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-            raise ValueError(f'data.source: {path} line {n}: expected {{"prompt": "..."}}')
+            raise ValueError(f'{field}: {path} line {n}: expected {{"prompt": "..."}}')
         prompts.append(record["prompt"])
     if not prompts:
-        raise ValueError(f"data.source: {path} holds no prompts")
+        raise ValueError(f"{field}: {path} holds no prompts")
     return prompts
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, field: str) -> bytes:
     # Only a regular file: reading a device or a pipe (/dev/zero) may never end.
     if path.exists() and not path.is_file():
-        raise ValueError(f"data.source: {path} is not a file")
+        raise ValueError(f"{field}: {path} is not a file")
     try:
         return path.read_bytes()
     except OSError as e:
-        raise ValueError(f"data.source: cannot read {path}: {e.strerror}") from None
+        raise ValueError(f"{field}: cannot read {path}: {e.strerror}") from None
     except ValueError as e:  # a name the OS cannot take (a NUL byte in it)
-        raise ValueError(f"data.source: cannot read {str(path)!r}: {e}") from None
+        raise ValueError(f"{field}: cannot read {str(path)!r}: {e}") from None

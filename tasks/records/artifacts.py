@@ -43,8 +43,12 @@ def record_version(*, run_name: str, spec_path: Path, checkpoint: Path, parent: 
                             "spec": str(spec_path), "parent": str(parent) if parent else None, **metrics})
 
     checkpoint_version()
-    create_table_artifact(key=VERSIONS_ARTIFACT, table=rows,
-                          description=f"Model versions of run {run_name}")
+    record_versions_table(run_name=run_name, rows=rows)
+
+
+def record_versions_table(*, run_name: str, rows: list[dict]) -> None:
+    """The `model-versions` table: a row per version, its checkpoint and eval scores."""
+    create_table_artifact(key=VERSIONS_ARTIFACT, table=rows, description=f"Model versions of run {run_name}")
 
 
 def record_summary(*, run_name: str, markdown: str, plots: Mapping[str, bytes] | None = None) -> None:

@@ -1,4 +1,6 @@
-"""The run directory's `metrics.jsonl`: one JSON object per learner step.
+"""The run directory's `metrics.jsonl`: one JSON object per learner step, and one per
+evaluated version (its own series: `{"step", "version", "time", "eval": {...scores}}`,
+appended by the learner task as evaluations finish).
 
 A line can be torn: cut short by a full disk or a power loss while it was appended, and
 then, if the run went on, followed on the same line by the next record. Such a line is
@@ -8,6 +10,7 @@ skipped (its records are lost, nothing else); a resumed run says so, and drops i
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -36,8 +39,23 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(record.to_json()) + "\n")
 
+    def append_eval(self, *, step: int, version: int, scores: dict) -> dict:
+        """Appends a version's eval scores (one write: whole beside the learner's lines)."""
+        record = {"step": step, "version": version, "time": time.time(), "eval": scores}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        return record
+
     def read(self) -> list[dict]:
-        """The records, torn lines skipped."""
+        """The step records, torn lines skipped."""
+        return [record for record in self._all() if "eval" not in record]
+
+    def read_evals(self) -> list[dict]:
+        """The eval records, by version (the latest evaluation of each)."""
+        latest = {record["version"]: record for record in self._all() if "eval" in record}
+        return [latest[v] for v in sorted(latest)]
+
+    def _all(self) -> list[dict]:
         if not self.path.exists():
             return []
         return [record for record, _ in _parse(self.path.read_text(errors="replace"))[0]]

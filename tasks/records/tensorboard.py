@@ -58,3 +58,23 @@ def rewrite_events(log_dir: Path, records: list[dict]) -> None:
             log.add(record)
     finally:
         log.close()
+
+
+def add_eval(writer: SummaryWriter, record: dict) -> None:
+    """A version's eval record (`metrics.jsonl`) as `eval/<score>` scalars at its step."""
+    for name, value in record["eval"].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            writer.add_scalar(f"eval/{name}", value, record["step"], walltime=record["time"])
+
+
+def rewrite_eval_events(log_dir: Path, evals: list[dict]) -> None:
+    """Replaces `log_dir`'s event files with the eval records `evals` (a run of their own)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for old in log_dir.glob("events.out.tfevents.*"):
+        old.unlink()
+    writer = SummaryWriter(str(log_dir))
+    try:
+        for record in evals:
+            add_eval(writer, record)
+    finally:
+        writer.close()

@@ -8,6 +8,7 @@ from typing import Any, Callable, Protocol
 
 from distributed import Client
 
+from learner.chat import make_tokenizer
 from learner.config import LearnerConfig, ModelConfig
 from learner.sharding import make_mesh
 from learner.train import TrainStep, abstract_train_state, init_train_state
@@ -20,7 +21,10 @@ from tasks.buffer.intake import IntakeRules, Pace, outstanding_bound
 from tasks.buffer.ledger import Ledger
 from tasks.buffer.prompts import PromptSource
 from tasks.buffer.reader import BufferReader
-from tasks.config import ActorsConfig, BufferConfig, CheckpointConfig, DataConfig, EnvConfig, SyncConfig
+from tasks.config import (ActorsConfig, BufferConfig, CheckpointConfig, DataConfig, EnvConfig, EpisodesConfig,
+                          EvalConfig, SyncConfig)
+from tasks.eval.prompts import held_out
+from tasks.records.episodes import EpisodeSample
 from tasks.records.loggers import ConsoleLog, Loggers, Progress, ProgressLog
 from tasks.records.metrics_log import MetricsLog
 from tasks.records.step import StepMeter
@@ -47,6 +51,8 @@ class RunSpec(Protocol):
     learner: LearnerConfig
     sync: SyncConfig
     checkpoint: CheckpointConfig
+    eval: EvalConfig
+    episodes: EpisodesConfig
 
     @property
     def run_dir(self) -> Path: ...
@@ -57,11 +63,14 @@ class Reporter(Protocol):
 
     def version(self, **fields) -> None: ...  # a committed checkpoint (`tasks.records.artifacts.record_version`)
     def progress(self, progress: Progress) -> None: ...  # after every step
+    def evaluate(self, **fields) -> None: ...  # a version to evaluate (`Session.evaluate`)
 
 
 def intake_rules(spec: RunSpec, log) -> IntakeRules:
     """The buffer's rules, drawing prompts from the spec's data source."""
-    source = PromptSource(spec.data, resolve_entrypoint(spec.env.entrypoint), spec.env.kwargs, spec.seed)
+    env_class = resolve_entrypoint(spec.env.entrypoint)
+    source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed,
+                          held_out=held_out(spec.eval, env_class, spec.env.kwargs))
     pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
                 updates_per_batch=spec.learner.updates_per_batch, synchronous=spec.learner.mode == "sync",
                 outstanding=outstanding_bound(spec.buffer.capacity, spec.actors.groups_at_once, spec.learner.batch_groups))
@@ -111,8 +120,11 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     stopping = Stopping(spec.learner, log.info)
     loggers = Loggers(metrics, TensorBoardLog(run_dir / "tensorboard", resume_step=step), ConsoleLog(log.info),
                       ProgressLog(reporter.progress), stopping)
+    episodes = EpisodeSample(run_dir / "episodes", make_tokenizer(spec.model), spec.episodes.per_version,
+                             int(spec.episodes.max_mb * 2**20))
     return Session(learner=learner, weights=weights, reader=reader, exchange=exchange, actors=actors,
                    run_state=run_state, meter=StepMeter(reader, rules.ledger, weights, learner), loggers=loggers,
                    stopping=stopping, batch_groups=spec.learner.batch_groups,
                    checkpoint_every=spec.checkpoint.every, synchronous=spec.learner.mode == "sync",
-                   interrupted=interrupted)
+                   interrupted=interrupted, episodes=episodes if spec.episodes.per_version else None,
+                   evaluate=reporter.evaluate if spec.eval.every is not None else None, eval_due=spec.eval.due)

@@ -16,6 +16,7 @@ from typing import Callable
 from tasks.actors.pool import ActorPool
 from tasks.buffer.exchange import Exchange
 from tasks.buffer.reader import BufferReader
+from tasks.records.episodes import EpisodeSample
 from tasks.records.loggers import Loggers
 from tasks.records.step import StepMeter
 from tasks.runtime.learner import Learner
@@ -38,6 +39,11 @@ class Session:
     batch_groups: int
     checkpoint_every: int  # versions between checkpoints
     synchronous: bool  # learner.mode sync: each batch is played with the latest weights
+    episodes: EpisodeSample | None = None  # a few episodes of each version, as text
+    # Hands a version's host params over to be evaluated (`eval.every`): fn(version=, step=,
+    # params=, checkpointed=); it must not block (the learner task evaluates them).
+    evaluate: Callable[..., None] | None = None
+    eval_due: Callable[[int], bool] = lambda version: False
     # Set by Ctrl-C (through the learner task): training ends at the next version.
     interrupted: Callable[[], bool] = lambda: False
     stopped: str | None = None  # why training ended: "steps", "success" or "interrupted"
@@ -73,6 +79,8 @@ class Session:
         start = time.perf_counter()
         groups = self.reader.take(self.batch_groups)
         self.meter.took(time.perf_counter() - start)
+        if self.episodes is not None:
+            self.episodes.add(groups)
         for update in self.learner.step(groups):
             record = self.meter.record(update, groups, self.reader.pop_stats())
             self.loggers.write(record)
@@ -85,7 +93,8 @@ class Session:
     def _sync(self, step: int, reward_mean: float) -> bool:
         """Publishes a version, checkpoints it when due; True once training should end."""
         start = time.perf_counter()
-        version = self.weights.publish(self.learner.params())
+        params = self.learner.params()
+        version = self.weights.publish(params)
         if self.synchronous:
             self.weights.wait()
         self.meter.published(time.perf_counter() - start)
@@ -93,8 +102,12 @@ class Session:
         # checkpointed: a resumed run neither loses nor repeats them.
         self.stopped = ("steps" if self.stopping.finished(step) else "success" if self.stopping.converged()
                         else "interrupted" if self.interrupted() else None)
-        if self.stopped or version % self.checkpoint_every == 0:
+        checkpointed = self.stopped is not None or version % self.checkpoint_every == 0
+        if checkpointed:
             self.run_state.save(self.learner.state(), step=step, version=version, reward_mean=reward_mean)
+        last = self.stopped in ("steps", "success")  # the last version is evaluated too
+        if self.evaluate is not None and (self.eval_due(version) or last):
+            self.evaluate(version=version, step=step, params=params, checkpointed=checkpointed)
         return self.stopped is not None
 
     def _close(self) -> None:

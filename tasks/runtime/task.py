@@ -21,12 +21,13 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, Channels, stop_actors
-from tasks.records.artifacts import ProgressRecord, record_version
+from tasks.records.artifacts import ProgressRecord
 from tasks.records.loggers import PROGRESS_FEED, Progress
 from tasks.runtime.build import RunSpec, build_session
 from tasks.runtime.failures import Unrecoverable
 from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
 from tasks.runtime.relay import EventReader, LogForwarder
+from tasks.runtime.task_records import TaskRecords
 
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
 LOCK_FILE = "learner.lock"  # held (flock) by that process
@@ -52,6 +53,7 @@ def _retriable(task, task_run, state) -> bool:
 def learn(spec: RunSpec, scheduler_address: str) -> dict:
     """Trains to `learner.steps`, resuming from the run directory's latest checkpoint."""
     log = get_run_logger()
+    records = TaskRecords(spec, scheduler_address, log)
     channels = Channels(uuid.uuid4().hex[:8])
     context = multiprocessing.get_context("spawn")
     events, stop = EventReader(), context.Event()
@@ -62,7 +64,7 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
     events.started()
     result, grace_s = None, 30.0
     try:
-        result = _relay(events, process, log, spec, stop)
+        result = _relay(events, process, log, spec, stop, records)
     except Exception:
         grace_s = 5.0  # failed, or given up on (a Prefect API error, say): a learner left running trains unrecorded
         raise
@@ -72,6 +74,7 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
             process.kill()
             process.join(timeout=5)
         events.close()
+        records.close()
         if result is None or result == STOPPED_AT_ONCE:  # its session may not have stopped its actors
             _stop_actors(scheduler_address, channels, spec.actors.n_actors, log)
     if result is None:
@@ -91,13 +94,13 @@ def _stop_actors(scheduler_address: str, channels: Channels, n_actors: int, log)
                   "they keep their worker threads until the Dask cluster restarts")
 
 
-def _relay(events, process, log, spec: RunSpec, stop) -> dict | None:
+def _relay(events, process, log, spec: RunSpec, stop, records: TaskRecords) -> dict | None:
     """Forwards the process's events until it reports its result or dies; passes a Ctrl-C
     on (`tasks.runtime.interrupt`): `stop` ends training at the next version, a second
     Ctrl-C terminates the process, which unwinds (stops its actors) and exits."""
     progress, terminated = None, False
-    versions: list[dict] = []  # `model-versions`: each version event brings only the rows not sent before
     while True:
+        records.collect()
         if INTERRUPT.is_set():
             stop.set()
         if INTERRUPT.now and not terminated:
@@ -111,8 +114,9 @@ def _relay(events, process, log, spec: RunSpec, stop) -> dict | None:
         if kind == "log":
             getattr(log, payload[0])(payload[1])
         elif kind == "version":
-            versions += payload.pop("new_rows")
-            record_version(**payload, rows=list(versions))
+            records.version(payload)
+        elif kind == "eval":
+            records.evaluate(payload)
         elif kind == "progress":
             if progress is None:
                 progress = ProgressRecord(run_name=spec.name, step=payload.step, version=payload.version,
@@ -122,6 +126,8 @@ def _relay(events, process, log, spec: RunSpec, stop) -> dict | None:
         elif kind == "done":
             if progress is not None:
                 progress.finish(payload["step"], payload["version"], payload["stopped"])
+            if payload["stopped"] != "interrupted":
+                records.collect(wait_s=records.last_wait_s)
             return payload
         elif kind == "error":
             if terminated:
@@ -147,6 +153,9 @@ class _Events:
 
     def progress(self, progress: Progress) -> None:
         self._events.put(("progress", progress))
+
+    def evaluate(self, **fields) -> None:
+        self._events.put(("eval", fields))
 
 
 def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, events, stop) -> None:

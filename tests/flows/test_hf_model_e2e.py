@@ -40,9 +40,40 @@ def test_spec_with_a_hugging_face_checkpoint_trains(prefect_api, tmp_path):
     result = tandem("run", "specs/guess-number.yaml", "--set", f"model={{init: {checkpoint}, max_len: 96}}",
                     "--set", "learner.buckets=[96]", "--set", "learner.steps=4", "--set", "learner.batch_groups=2",
                     "--set", "actors.max_new_tokens=3", "--set", "buffer.filters=[]",
-                    "--set", f"checkpoint.dir={run_dir}")
+                    "--set", "eval.every=2", "--set", f"checkpoint.dir={run_dir}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     accounting = json.loads((run_dir / "accounting.json").read_text())
     assert accounting["consumed"] == 8 and balanced(accounting)
     spec = (run_dir / "spec.yaml").read_text()
     assert "kind: hf" in spec and "qkv_bias: false" in spec
+
+
+    # The best evaluated version, exported, loads in transformers with the run's logits.
+    out = tmp_path / "exported"
+    result = tandem("export", str(run_dir), "--version", "best", str(out))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    best = max((json.loads(line) for line in (run_dir / "eval/scores.jsonl").read_text().splitlines()),
+               key=lambda s: (s["success_rate"], s["reward_mean"], s["version"]))
+    assert f"Version {best['version']} " in result.stdout
+    assert exported_logits_match(run_dir, best["version"], out)
+    assert "agent:" in tandem("show", str(run_dir), "--eval").stdout
+
+
+def exported_logits_match(run_dir, version, out) -> bool:
+    import jax
+    import numpy as np
+
+    from flows.spec import load_spec
+    from learner.model import forward_fn
+    from tasks.runtime.version_weights import version_weights
+
+    spec = load_spec(run_dir / "spec.yaml")
+    params, _, _ = version_weights(spec, version)
+    tokens = np.random.default_rng(0).integers(0, 32, size=(2, 12))
+    expected = jax.jit(forward_fn(spec.model))(params, tokens, np.broadcast_to(np.arange(12), (2, 12)),
+                                               np.ones((2, 12), np.int32))
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
+    return True

@@ -140,3 +140,24 @@ def test_summary_and_progress_artifacts(prefect_api, tmp_path):
     summary = artifacts[SUMMARY_ARTIFACT].data
     assert summary.startswith("# demo\n")
     assert summary.count("](data:image/png;base64,") == len(PLOTS)
+
+
+def test_report_plots_the_eval_curve_and_names_the_best_version(tmp_path, capsys):
+    from tasks.eval.results import record_eval
+
+    write_metrics(tmp_path, realistic_metrics())
+    no_eval = render_plots(realistic_metrics())["reward"]
+    for version, success in [(2, 0.25), (4, 0.75), (6, 0.5)]:
+        record_eval(tmp_path, version=version, step=4 * version, checkpoint=None, params_bytes=b"w",
+                    outcome={"scores": {"prompts": 4, "episodes": 4, "success_rate": success, "reward_mean": success},
+                             "episodes": []})
+    assert main(["report", str(tmp_path)]) == 0
+    assert "Best version by eval score: 4 (step 16): success 75%" in capsys.readouterr().out
+    assert (tmp_path / "report" / "reward.png").read_bytes() != no_eval
+    (events_file,) = (tmp_path / "tensorboard" / "eval").glob("events.out.tfevents.*")
+    values = [(v.tag, e.step, v.simple_value) for e in read_events(events_file) for v in e.summary.value]
+    assert [(s, v) for tag, s, v in values if tag == "eval/success_rate"] == [(8, 0.25), (16, 0.75), (24, 0.5)]
+    # The run summary names it too.
+    summary = _summary(parse_spec(""), tmp_path, {"step": 24, "version": 6, "stopped": "steps", "accounting": {
+        "started": 1, "in_flight": 0, "buffered": 0, "consumed": 1, "excluded": {}, "retried": 0}})
+    assert "Best version by eval score: **4** (step 16)" in summary and "| 4 (best) | 16 |" in summary

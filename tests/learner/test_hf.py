@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from learner.config import ModelConfig
-from learner.hf import load_params
+from learner.hf import load_params, save_params
 from learner.model import forward_fn
 
 torch = pytest.importorskip("torch")
@@ -105,3 +105,21 @@ def test_without_a_template_observations_are_bare(tmp_path):
     char = make_tokenizer(ModelConfig())
     assert isinstance(char, CharChat) and char.start() == [1] and char.stop_ids == (2,)
     assert char.decode(char.observation("hi", first=False) + [2, 5]) == "hi"
+
+
+@pytest.mark.parametrize("kind, tie", [("llama", False), ("qwen2", True)])
+def test_saved_params_load_in_transformers_with_the_same_logits(tmp_path, kind, tie):
+    classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[kind]
+    _save_tiny(tmp_path / "in", *classes, tie_word_embeddings=tie)
+    config = ModelConfig(init=str(tmp_path / "in"), max_len=32)
+    rng = np.random.default_rng(1)  # trained weights: not those it came with
+    params = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(np.float32), load_params(config))
+    save_params(params, config, tmp_path / "out")
+    model = classes[1].from_pretrained(tmp_path / "out").eval()
+    tokens = rng.integers(0, 40, size=(2, 12))
+    positions = np.broadcast_to(np.arange(12), (2, 12))
+    logits = jax.jit(forward_fn(config))(params, tokens, positions, np.ones((2, 12), np.int32))
+    np.testing.assert_allclose(_hf_logits(model, tokens), logits, atol=1e-5)
+    reloaded = load_params(ModelConfig(init=str(tmp_path / "out"), max_len=32))
+    jax.tree.map(np.testing.assert_array_equal, reloaded, params)

@@ -1,6 +1,7 @@
 """The learner's events to its task, with a real spawned process: a learner killed in the
 middle of a message is seen dead (the task fails into Prefect's retry) instead of waited
-for; the versions table is kept by the task, each event bringing only new rows."""
+for; the versions table is kept by the task (`tasks.runtime.task_records`), each event
+bringing only new rows."""
 
 import logging
 import multiprocessing
@@ -8,12 +9,21 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
+from tasks.config import EvalConfig
 from tasks.runtime import task as task_module
+from tasks.runtime import task_records
 from tasks.runtime.relay import EventReader, LogForwarder
 
-SPEC = SimpleNamespace(name="t", learner=SimpleNamespace(steps=8))
+SPEC = SimpleNamespace(name="t", learner=SimpleNamespace(steps=8), run_dir=Path("/nonexistent/run"),
+                       eval=EvalConfig())
+
+
+def records():
+    """The task's records of a run that evaluates nothing."""
+    return task_records.TaskRecords(SPEC, "tcp://127.0.0.1:1", Log())
 
 
 class Log:
@@ -43,7 +53,7 @@ def relay_in_thread(events, process):
 
     def run():
         try:
-            outcome["result"] = task_module._relay(events, process, Log(), SPEC, multiprocessing.Event())
+            outcome["result"] = task_module._relay(events, process, Log(), SPEC, multiprocessing.Event(), records())
         except Exception as e:
             outcome["error"] = e
 
@@ -90,14 +100,14 @@ class ScriptedEvents:
 
 def test_the_task_keeps_the_versions_table(monkeypatch):
     recorded = []
-    monkeypatch.setattr(task_module, "record_version", lambda **fields: recorded.append(fields))
+    monkeypatch.setattr(task_records, "record_version", lambda **fields: recorded.append(fields))
     def row(version):
         return {"version": version, "step": 4 * version}
 
     events = ScriptedEvents([("version", {"version": 3, "new_rows": [row(1), row(2), row(3)]}),
                              ("version", {"version": 4, "new_rows": [row(4)]}),
                              ("done", {"step": 16, "version": 4, "stopped": "steps"})])
-    result = task_module._relay(events, SimpleNamespace(is_alive=lambda: True), Log(), SPEC, multiprocessing.Event())
+    result = task_module._relay(events, SimpleNamespace(is_alive=lambda: True), Log(), SPEC, multiprocessing.Event(), records())
     assert result["step"] == 16
     assert [[r["version"] for r in fields["rows"]] for fields in recorded] == [[1, 2, 3], [1, 2, 3, 4]]
 

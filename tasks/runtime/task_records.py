@@ -1,0 +1,59 @@
+"""What the learner task records besides relaying the learner's events: the
+`model-versions` table, and the evaluations of versions (`tasks.eval`) run beside training."""
+
+from __future__ import annotations
+
+import re
+
+from tasks.actors.envs import resolve_entrypoint
+from tasks.eval.play import EvalSetup
+from tasks.eval.prompts import eval_prompts
+from tasks.eval.results import read_scores
+from tasks.eval.runner import Evaluations
+from tasks.records.artifacts import record_version, record_versions_table
+from tasks.records.versions import VersionTable
+
+
+EVAL_LINE = re.compile(r"eval of version \d+: ")  # one per evaluation: routine (`flows.console`)
+
+
+class TaskRecords:
+    """The versions table, kept from version events and evaluations; the evaluations."""
+
+    last_wait_s = 300.0  # once training is over, for the evaluations still running
+
+    def __init__(self, spec, scheduler_address: str, log):
+        """`spec`: a `tasks.runtime.build.RunSpec`; `log` has .info and .warning."""
+        run_dir = spec.run_dir.resolve()
+        self.spec, self.log, self.checkpoints = spec, log, run_dir / "checkpoints"
+        self.table = VersionTable(read_scores(run_dir))
+        self.evals = None
+        if spec.eval.every is not None:
+            prompts = eval_prompts(spec.eval, resolve_entrypoint(spec.env.entrypoint), spec.env.kwargs)
+            setup = EvalSetup(spec.eval, spec.env, spec.actors, spec.model, tuple(prompts))
+            self.evals = Evaluations(setup, scheduler_address, run_name=spec.name, run_dir=run_dir, log=log,
+                                     concurrency=spec.actors.n_actors)
+
+    def version(self, payload: dict) -> None:
+        self.table.add_rows(payload.pop("new_rows"))  # each event brings only the rows not sent before
+        record_version(**payload, rows=self.table.rows())
+
+    def evaluate(self, payload: dict) -> None:
+        checkpoint = self.checkpoints / str(payload["version"]) if payload["checkpointed"] else None
+        self.evals.submit(version=payload["version"], step=payload["step"], params=payload["params"],
+                          checkpoint=checkpoint)
+
+    def collect(self, wait_s: float | None = 0.0) -> None:
+        """Records the evaluations that finished (waiting up to `wait_s` for the rest)."""
+        lines = self.evals.finished(wait_s) if self.evals is not None else []
+        for line in lines:
+            self.log.info(f"eval of version {line['version']}: success {line['success_rate']:.0%}, "
+                          f"reward {line['reward_mean']:.3f} over {line['episodes']} episodes "
+                          f"({line['eval_s']:.1f} s)")
+            self.table.add_eval(line)
+        if lines:
+            record_versions_table(run_name=self.spec.name, rows=self.table.rows())
+
+    def close(self) -> None:
+        if self.evals is not None:
+            self.evals.close()

@@ -1,0 +1,83 @@
+"""End to end: versions evaluated during a run (real Prefect server, real Dask cluster),
+then again after the fact with `tandem eval`, and their episodes shown with `tandem show`."""
+
+import json
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey, FlowRunFilter,
+                                            FlowRunFilterId)
+
+from tests.conftest import tandem
+
+pytestmark = pytest.mark.e2e
+
+TINY = ["--set", "learner.batch_groups=4", "--set", "buffer.capacity=8", "--set", "sync.interval=4",
+        "--set", "checkpoint.every=1", "--set", "learner.steps=12", "--set", "eval.every=2"]
+
+
+def scores(run_dir):
+    return [json.loads(line) for line in (run_dir / "eval/scores.jsonl").read_text().splitlines()]
+
+
+def without_times(line):
+    return {k: v for k, v in line.items() if k not in ("time", "eval_s")}
+
+
+@pytest.fixture(scope="module")
+def evaluated_run(prefect_api, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("eval") / "run"
+    result = tandem("run", "specs/guess-number.yaml", *TINY, "--set", f"checkpoint.dir={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "ERROR" not in output and "eval of version" not in output  # routine: in Prefect's logs only
+    assert "Best version by eval score: " in result.stdout
+    return run_dir
+
+
+def test_every_second_version_and_the_last_are_evaluated_and_recorded(evaluated_run):
+    run_dir = evaluated_run
+    assert [s["version"] for s in scores(run_dir)] == [2, 3]  # every 2nd, and the last
+    assert all(s["prompts"] == s["episodes"] == 3 for s in scores(run_dir))
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["version"], m["step"]) for m in metrics if "eval" in m] == [(2, 8), (3, 12)]
+    assert len((run_dir / "episodes/eval/v3.jsonl").read_text().splitlines()) == 3
+    assert any((run_dir / "episodes").glob("v*.jsonl"))  # training's sample
+    assert list((run_dir / "tensorboard/eval").glob("events.out.tfevents.*"))
+
+    with get_client(sync_client=True) as client:
+        flow_run = next(r for r in client.read_flow_runs() if str(run_dir) in json.dumps(r.parameters.get("spec")))
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+        evals = {t.name: t.state.type.value for t in runs if t.name.startswith("eval-v")}
+        assert evals == {"eval-v2": "COMPLETED", "eval-v3": "COMPLETED"}
+        table = max(client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["model-versions"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id]))),
+            key=lambda artifact: artifact.created)  # the latest: each refresh is a new one
+        rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+        assert [r["version"] for r in rows if "eval_success_rate" in r] == [2, 3]
+        (summary,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["run-summary"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+        assert "Best version by eval score" in summary.data and "agent:" in summary.data
+
+
+def test_eval_after_the_fact_repeats_the_greedy_scores_and_episodes(evaluated_run):
+    run_dir = evaluated_run
+    during = scores(run_dir)[-1]
+    episodes = (run_dir / "episodes/eval/v3.jsonl").read_text()
+    result = tandem("eval", str(run_dir), "--version", "3")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert without_times(scores(run_dir)[-1]) == without_times(during)
+    assert (run_dir / "episodes/eval/v3.jsonl").read_text() == episodes
+    assert "| 3" in result.stdout and (run_dir / "eval/table.md").exists()
+    assert tandem("eval", str(run_dir), "--set", "learner.steps=4").returncode == 2  # only eval.* fields
+
+
+def test_show_prints_transcripts(evaluated_run):
+    result = tandem("show", str(evaluated_run), "--eval", "--version", "3", "--limit", "1")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("v3 · prompt 0") and lines[1].startswith("  prompt: 'secret=")
+    assert lines[2] == "  env:    ':'" and lines[3].startswith("  agent:  '") and lines[3].endswith("(v3)")
+    failed = tandem("show", str(evaluated_run), "--failed")
+    assert failed.returncode == 0 and "failed training episodes of version" in failed.stdout
+    assert tandem("show", str(evaluated_run), "--version", "999").returncode == 1
