@@ -27,6 +27,7 @@ from tasks.records.step import StepMeter
 from tasks.records.tensorboard import TensorBoardLog
 from tasks.runtime.checkpoints import Checkpoints
 from tasks.runtime.learner import Learner
+from tasks.runtime.lockstep import RESTORED, LeadCheckpoints, LeadLearner, announce, restore_latest
 from tasks.runtime.no_progress import ProgressWatch
 from tasks.runtime.run_state import RunState
 from tasks.runtime.session import Session
@@ -74,16 +75,20 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     the session ends at its next version (Ctrl-C)."""
     run_dir = spec.run_dir.resolve()
     rules = intake_rules(spec, log.warning)
-    run_state = RunState(Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep), rules, reporter,
+    several = spec.learner.hosts > 1  # this is process 0, which the others follow (`lockstep`)
+    checkpoints = (LeadCheckpoints if several else Checkpoints)(run_dir / "checkpoints", spec.checkpoint.keep)
+    run_state = RunState(checkpoints, rules, reporter,
                          run_name=spec.name, seed=spec.seed, run_dir=run_dir, warn=log.warning)
     mesh = make_mesh(spec.learner.mesh)
     restored = run_state.restore(abstract_train_state(spec.model, spec.learner, mesh))
+    if several:
+        announce(RESTORED, -1 if restored is None else restored.version)
     if restored is None:
         state, step, version = init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh), 0, 0
     else:
         state, step, version = restored.state, restored.step, restored.version
         log.info(f"resumed from {restored.path}: step {step}, version {version}")
-    learner = Learner(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)
+    learner = (LeadLearner if several else Learner)(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)
     weights = WeightSource(HttpTransport(channels, client), spec.sync.interval, version=version)
     setup = ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
     actors = ActorPool(client, setup, spec.actors.n_actors, log.info, warn=log.warning)
@@ -112,3 +117,14 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
                    stopping=stopping, batch_groups=spec.learner.batch_groups,
                    checkpoint_every=spec.checkpoint.every, synchronous=spec.learner.mode == "sync",
                    interrupted=interrupted)
+
+
+def build_follower(spec: RunSpec) -> tuple[Learner, Checkpoints]:
+    """The learner and checkpoints of a process other than 0 of a multi-host learner:
+    its shards of the train state, restored from the checkpoint process 0 restores."""
+    checkpoints = Checkpoints(spec.run_dir.resolve() / "checkpoints", spec.checkpoint.keep)
+    mesh = make_mesh(spec.learner.mesh)
+    state, version = restore_latest(checkpoints, abstract_train_state(spec.model, spec.learner, mesh))
+    if version is None:
+        state = init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh)
+    return Learner(TrainStep(spec.model, spec.learner, mesh), state, spec.learner), checkpoints
