@@ -91,7 +91,7 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     learner = (LeadLearner if several else Learner)(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)
     weights = WeightSource(HttpTransport(channels, client), spec.sync.interval, version=version)
     setup = ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
-    actors = ActorPool(client, setup, spec.actors.n_actors, log.info, warn=log.warning)
+    actors = ActorPool(client, setup, spec.actors.n_actors, log.info, warn=log.warning, resources=spec.actors.resources)
     watch = ProgressWatch(lambda: rules.ledger.consumed, spec.env.entrypoint)
     rules.on_exclusion = watch.excluded
 
