@@ -10,13 +10,14 @@ import http.server
 import socket
 import threading
 import urllib.parse
+from typing import Any
 
 from distributed.comm import get_address_host_port
 
 
 class WeightServer:
     def __init__(self, host: str):
-        self._latest: tuple[int, bytes] | None = None
+        self._latest: tuple[int, Any] | None = None  # (version, its bytes-like data)
         self._lock = threading.Lock()
         self._httpd = http.server.ThreadingHTTPServer((host, 0), _handler(self))
         self._httpd.daemon_threads = True
@@ -27,11 +28,11 @@ class WeightServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}/v/{version}"
 
-    def serve(self, version: int, data: bytes) -> None:
+    def serve(self, version: int, data) -> None:  # bytes-like (`learner.serialization`)
         with self._lock:
             self._latest = (version, data)
 
-    def get(self, version: int) -> bytes | None:
+    def get(self, version: int):
         with self._lock:
             if self._latest is None or self._latest[0] != version:
                 return None
