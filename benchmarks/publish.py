@@ -1,7 +1,7 @@
 """(c) Publishing a version: the learner's weights to N actor processes, and the floors.
 
-The real path: `params_to_bytes` (safetensors) in the learner, the learner's
-`WeightServer`, and N processes fetching the version's URL over HTTP as actors do
+The real path: `params_to_chunks` (safetensors layout, each array sent from its own
+memory) in the learner, the learner's `WeightServer`, and N processes fetching the version's URL over HTTP as actors do
 (`urllib`), all at once, as after every publish. Fetchers stream the body into one
 reused buffer (actors keep the whole, `response.read()`; the wire and the server do the
 same work, and 8 whole copies of a 1B model would not fit beside the learner here);
@@ -30,7 +30,7 @@ import urllib.request
 
 import numpy as np
 
-from learner.serialization import params_from_bytes, params_to_bytes
+from learner.serialization import params_from_bytes, params_to_chunks
 from tasks.runtime.weight_server import WeightServer
 
 MODELS = {
@@ -70,10 +70,11 @@ def fetch(url: str, start, done) -> None:
 def publish(params: dict, fetchers: int) -> dict:
     """Serialises and serves one version; `fetchers` processes fetch it at once."""
     began = time.perf_counter()
-    data = params_to_bytes(params)
+    chunks = params_to_chunks(params)
     serialize_s = time.perf_counter() - began
+    size = sum(chunk.nbytes for chunk in chunks)
     server = WeightServer("127.0.0.1")
-    server.serve(1, data)
+    server.serve(1, chunks)
     context = multiprocessing.get_context("spawn")
     start, done = context.Event(), context.Queue()
     processes = [context.Process(target=fetch, args=(server.url(1), start, done)) for _ in range(fetchers)]
@@ -87,11 +88,12 @@ def publish(params: dict, fetchers: int) -> dict:
     for process in processes:
         process.join()
     server.close()
-    assert all(total == len(data) for _, total in results)
+    assert all(total == size for _, total in results)
+    data = b"".join(chunks)  # what an actor holds once it has read the response
     began = time.perf_counter()
     params_from_bytes(data)
     parse_s = time.perf_counter() - began
-    return {"bytes": len(data), "serialize_s": serialize_s, "fetch_s": fetch_s, "parse_s": parse_s,
+    return {"bytes": size, "serialize_s": serialize_s, "fetch_s": fetch_s, "parse_s": parse_s,
             "slowest_fetcher_s": max(s for s, _ in results)}
 
 

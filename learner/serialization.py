@@ -4,8 +4,9 @@ safetensors (a flat table of named arrays, no pickle: loading it runs no code) o
 parameters' pure nested dict, its keys joined with "/" (int keys, a list's entries,
 written as digits). Written and read here rather than by the `safetensors` package, whose
 NumPy functions copy every array twice on the way out and once on the way in (a 1B
-float32 model: 8.9 s to write, 7.9 s to read, BENCHMARKS.md): writing copies each array
-once into one buffer; reading copies nothing (the arrays are read-only views of the bytes).
+float32 model: 8.9 s to write, 7.9 s to read, BENCHMARKS.md): here the learner sends each
+array from its own memory after a small header (`params_to_chunks`, no copy), and a
+reader's arrays are read-only views of the bytes it received (no copy).
 The layout is the format's: an 8-byte little-endian header length, a JSON header (each
 array's dtype, shape and byte range) padded to 8 bytes, then the arrays' bytes.
 """
@@ -24,9 +25,11 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_d
 _NAMES = {np.dtype(dtype): name for name, dtype in _DTYPES.items()}
 
 
-def params_to_bytes(params: dict[str, Any]) -> np.ndarray:
-    """The host (NumPy) parameter tree in safetensors layout: one uint8 buffer (bytes-like)."""
-    arrays = {SEPARATOR.join(path): np.asarray(leaf) for path, leaf in _leaves(params)}
+def params_to_chunks(params: dict[str, Any]) -> list[memoryview]:
+    """The host (NumPy) parameter tree in safetensors layout, as the buffers to send in
+    order: the header, then each array's own memory (no copy; the arrays must not change
+    while the chunks are in use)."""
+    arrays = {SEPARATOR.join(path): np.ascontiguousarray(leaf) for path, leaf in _leaves(params)}
     header, offset = {}, 0
     for name, array in arrays.items():
         header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
@@ -34,14 +37,13 @@ def params_to_bytes(params: dict[str, Any]) -> np.ndarray:
         offset += array.nbytes
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the format aligns the arrays to 8 bytes
-    out = np.empty(8 + len(head) + offset, np.uint8)  # not zeroed: every byte is written below
-    out[:8] = np.frombuffer(len(head).to_bytes(8, "little"), np.uint8)
-    out[8:8 + len(head)] = np.frombuffer(head, np.uint8)
-    body = out[8 + len(head):]
-    for name, array in arrays.items():
-        begin, end = header[name]["data_offsets"]
-        body[begin:end] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    return out
+    return [memoryview(len(head).to_bytes(8, "little") + head)] + [
+        memoryview(array.reshape(-1).view(np.uint8)) for array in arrays.values()]
+
+
+def params_to_bytes(params: dict[str, Any]) -> bytes:
+    """The same as one bytes object (one copy of the parameters)."""
+    return b"".join(params_to_chunks(params))
 
 
 def params_from_bytes(data: bytes) -> dict[str, Any]:
