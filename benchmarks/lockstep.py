@@ -42,7 +42,7 @@ def host(rows: int, repeats: int) -> None:
             step()
         if lead:
             nbytes = sum(a.nbytes for a in vars(batch).values()) if "batch" in name else 12
-            print(f"{name:20} {1000 * (time.perf_counter() - began) / repeats:8.2f} ms  ({nbytes / 1e3:.0f} KB)")
+            print(f"{name:20} {1000 * (time.perf_counter() - began) / repeats:8.2f} ms  ({nbytes:,} bytes)")
 
 
 def main() -> None:
