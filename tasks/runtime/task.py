@@ -24,7 +24,6 @@ from prefect.cache_policies import NO_CACHE
 
 from learner import multihost
 from learner.multihost import PROCESS_ID_ENV
-
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, Channels, stop_actors
 from tasks.records.artifacts import ProgressRecord, record_version
 from tasks.records.loggers import PROGRESS_FEED, Progress
