@@ -33,7 +33,8 @@ class ActorPool:
         self.futures = []
         for i in range(self.n_actors):
             pinned = {"workers": [workers[i % len(workers)]], "allow_other_workers": True} if len(workers) > 1 else {}
-            self.futures.append(self.client.submit(run_actor, i, self.setup, pure=False, resources=self.resources or None,
+            self.futures.append(self.client.submit(run_actor, i, self.setup, pure=False,
+                                                   resources=self.resources or None,
                                                    key=f"actor-{i}-{self.setup.channels.session}", **pinned))
 
     def _workers_with_resources(self) -> list[str]:
