@@ -54,6 +54,29 @@ atexit.register(_exit_at_once)
 def _main(argv: list[str] | None) -> int:
     global _verbose
     args = _parser().parse_args(argv)
+    if (code := _on_a_run_dir(args)) is not None:
+        return code
+    try:
+        spec = _spec(args)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return BAD_SPEC
+    if args.command == "validate":
+        print(f"{args.spec}: ok ({spec.name}, run directory {spec.run_dir})")
+        return 0
+    if (code := _on_a_spec(args, spec)) is not None:
+        return code
+    _verbose = args.verbose
+    if args.command == "resume" and (version := latest_version(spec.run_dir)) is not None:
+        print(f"Resuming {shown(spec.run_dir)} from its checkpoint of version {version} "
+              f"(step {version * spec.sync.interval})")
+    if args.command == "run" and not _new_or_continued(spec, fresh=args.fresh):
+        return 1
+    return _run(spec)
+
+
+def _on_a_run_dir(args) -> int | None:
+    """The commands that need no spec (report, server, show); None for the others."""
     if args.command == "report":
         from flows.report import report_command
 
@@ -66,14 +89,11 @@ def _main(argv: list[str] | None) -> int:
         from flows.show import show_command
 
         return show_command(args.run_dir, version=args.version, failed=args.failed, evals=args.eval, limit=args.limit)
-    try:
-        spec = _spec(args)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return BAD_SPEC
-    if args.command == "validate":
-        print(f"{args.spec}: ok ({spec.name}, run directory {spec.run_dir})")
-        return 0
+    return None
+
+
+def _on_a_spec(args, spec: Spec) -> int | None:
+    """The commands that read a spec but do not train (eval, export, audit); None for the others."""
     if args.command == "eval":
         from flows.evaluate import eval_command
 
@@ -87,13 +107,7 @@ def _main(argv: list[str] | None) -> int:
 
         return audit_command(spec, mode=args.mode, groups=args.groups, train_steps=args.train_steps,
                              env_steps=args.env_steps, json_path=args.json)
-    _verbose = args.verbose
-    if args.command == "resume" and (version := latest_version(spec.run_dir)) is not None:
-        print(f"Resuming {shown(spec.run_dir)} from its checkpoint of version {version} "
-              f"(step {version * spec.sync.interval})")
-    if args.command == "run" and not _new_or_continued(spec, fresh=args.fresh):
-        return 1
-    return _run(spec)
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:

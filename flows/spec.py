@@ -73,6 +73,17 @@ class Spec(Frozen):
                 f"{steps % interval} step(s) would never be published or checkpointed; use {nearest}")
         return self
 
+    @model_validator(mode="after")
+    def _rows_split_over_hosts(self) -> "Spec":
+        # Each host trains on its equal share of every minibatch's rows (`learner.multihost`).
+        hosts, minibatches = self.learner.hosts, self.learner.minibatches
+        rows = self.learner.batch_rows(self.learner.batch_groups * self.actors.group_size)
+        if rows % (hosts * minibatches):
+            raise ValueError(
+                f"learner.hosts: a batch's {rows} rows (learner.rows, or batch_groups × actors.group_size) "
+                f"must split into learner.minibatches ({minibatches}) × hosts ({hosts}) equal parts")
+        return self
+
     @property
     def run_dir(self) -> Path:
         return Path(self.checkpoint.dir or f"runs/{self.name}")

@@ -99,6 +99,12 @@ def _zeros(rows: int, length: int) -> dict[str, np.ndarray]:
     }
 
 
+def empty_batch(rows: int, length: int) -> Batch:
+    """An all-padding batch of shape [rows, length]: what a host that does not pack the
+    batch itself receives it into (`learner.multihost.share`)."""
+    return Batch(**_zeros(rows, length))
+
+
 def _place(arrays: dict[str, np.ndarray], row: int, start: int, segment: int, sample: Sample, advantage):
     """Writes one sample at arrays[*][row, start:start + len(sample)]."""
     n = len(sample)

@@ -167,7 +167,12 @@ class LearnerConfig(Frozen):
     rows: PositiveInt | None = None  # rows per batch, samples packed into them; None: one per sample
     minibatches: PositiveInt = 1  # optimizer updates per pass over a batch
     epochs: PositiveInt = 1  # passes over each batch
-    hosts: PositiveInt = 1  # processes of a multi-host learner (jax.distributed)
+    # Processes of the learner (jax.distributed), each feeding its share of every batch's
+    # rows from its own devices; process 0 alone runs the buffer, publishing and checkpoints.
+    hosts: PositiveInt = 1
+    # Where those processes run. "local": all on the machine of the learner task, each with
+    # the devices its environment gives it (XLA_FLAGS on CPU, CUDA_VISIBLE_DEVICES, ...).
+    cluster: Literal["local"] = "local"
     # "sync": the baseline that waits: generate a batch with the latest weights, train on
     # it, publish, repeat (publishes every step; needs sync.interval 1).
     mode: Literal["async", "sync"] = "async"

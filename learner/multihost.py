@@ -8,6 +8,7 @@ without any host ever holding the whole.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Mapping
 
@@ -40,14 +41,30 @@ def initialize(hosts: int, environ: Mapping[str, str] = os.environ) -> None:
     process_id = int(environ[PROCESS_ID_ENV])
     if not 0 <= process_id < hosts:
         raise ValueError(f"{PROCESS_ID_ENV}={process_id} is outside 0..{hosts - 1} (learner.hosts)")
+    # CPU devices of different processes reach each other only through a collectives
+    # library; the setting is read on CPU only, so it is harmless on accelerators.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=environ[COORDINATOR_ENV], num_processes=hosts, process_id=process_id
     )
 
 
-def host_batch(batch: Batch) -> Batch:
-    """This process's rows of a batch that every host built whole (its 1/hosts slice)."""
-    return batch.split(jax.process_count())[jax.process_index()]
+def host_batch(batch: Batch, minibatches: int = 1) -> Batch:
+    """This process's rows of a batch that every host built whole: its 1/hosts slice of
+    each minibatch, so that minibatch j of these rows, assembled over the hosts in process
+    order (`global_batch`), is minibatch j of the whole batch, row for row."""
+    hosts, index = jax.process_count(), jax.process_index()
+    if hosts == 1:
+        return batch
+    parts = [minibatch.split(hosts)[index] for minibatch in batch.split(minibatches)]
+    return Batch(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                    for f in dataclasses.fields(Batch)})
+
+
+def share(tree: Any) -> Any:
+    """Process 0's value of a tree of NumPy arrays, on every process. Every process calls it
+    with arrays of the same shapes and dtypes (the others' values are ignored)."""
+    return multihost_utils.broadcast_one_to_all(tree)
 
 
 def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:

@@ -52,6 +52,11 @@ class ActorsConfig(Frozen):
     # A cluster class ("dask_jobqueue:SLURMCluster", "dask_kubernetes.operator:KubeCluster")
     # is built as Class(**cluster_kwargs) and scaled to `workers`.
     cluster_kwargs: dict[str, Any] = {}
+    # Dask worker resources each actor holds for the whole session, e.g. {GPU: 1}: actors run
+    # only on workers started with them (`dask worker --resources GPU=1`), and their engine on
+    # that worker's default JAX device. A local cluster gives each worker these resources and
+    # leaves JAX its default platform; without them, its actors run on CPU.
+    resources: dict[str, PositiveFloat] = {}
 
     @field_validator("cluster")
     @classmethod

@@ -34,10 +34,12 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
         return
     if config.cluster == "local":
         env = {**{k: v for k, v in os.environ.items() if k.startswith("PREFECT_")}, **ACTOR_ENV}
+        if config.resources:  # actors asked for an accelerator: JAX may use it
+            env.pop("JAX_PLATFORMS")
         # One thread for the worker's actor task, which runs for the whole session, and
         # one for other work (an evaluation, say).
         cluster = LocalCluster(n_workers=config.workers, threads_per_worker=2, processes=True,
-                               dashboard_address=None, env=env)
+                               dashboard_address=None, env=env, resources=config.resources or None)
     else:
         cluster = cluster_class(config.cluster)(**config.cluster_kwargs)
         cluster.scale(config.workers)

@@ -7,7 +7,7 @@ stopping, instead of hanging it.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 from distributed import Client
 
@@ -17,9 +17,10 @@ from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, stop_actors
 
 class ActorPool:
     def __init__(self, client: Client, setup: ActorSetup, n_actors: int, log: Callable[[str], None],
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, resources: Mapping[str, float] | None = None):
         self.client, self.setup, self.n_actors, self.log = client, setup, n_actors, log
         self.warn = warn or log
+        self.resources = dict(resources or {})  # Dask worker resources each actor holds (`actors.resources`)
         self.futures: list = []
 
     def start(self) -> None:
@@ -28,12 +29,27 @@ class ActorPool:
         Actors are pinned to their workers only where there are several: a task pinned
         loosely (`allow_other_workers`) whose worker died while no other was alive waits in
         Dask's "no-worker" state for good, even once the nanny has restarted that worker."""
-        workers = sorted(self.client.nthreads(callback_timeout=SCHEDULER_TIMEOUT_S))
+        workers = self._workers_with_resources()
         self.futures = []
         for i in range(self.n_actors):
             pinned = {"workers": [workers[i % len(workers)]], "allow_other_workers": True} if len(workers) > 1 else {}
             self.futures.append(self.client.submit(run_actor, i, self.setup, pure=False,
+                                                   resources=self.resources or None,
                                                    key=f"actor-{i}-{self.setup.channels.session}", **pinned))
+
+    def _workers_with_resources(self) -> list[str]:
+        """The workers an actor may run on: those carrying `resources` (Dask places a task
+        only on a worker that has them, pinned or not; until one joins, the actor waits)."""
+        if not self.resources:
+            return sorted(self.client.nthreads(callback_timeout=SCHEDULER_TIMEOUT_S))
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        workers = sorted(address for address, worker in info.items()
+                         if all(worker.get("resources", {}).get(name, 0) >= amount
+                                for name, amount in self.resources.items()))
+        if not workers:
+            self.warn(f"no Dask worker has the resources {self.resources} (actors.resources) yet: "
+                      "the actors wait for one")
+        return workers
 
     def raise_if_failed(self) -> None:
         """Surfaces an actor's failure to the learner instead of letting it wait forever."""

@@ -31,6 +31,7 @@ from tasks.records.step import StepMeter
 from tasks.records.tensorboard import TensorBoardLog
 from tasks.runtime.checkpoints import Checkpoints
 from tasks.runtime.learner import Learner
+from tasks.runtime.lockstep import RESTORED, LeadCheckpoints, LeadLearner, announce, restore_latest
 from tasks.runtime.no_progress import ProgressWatch
 from tasks.runtime.run_state import RunState
 from tasks.runtime.session import Session
@@ -80,10 +81,28 @@ def intake_rules(spec: RunSpec, log) -> IntakeRules:
 def _train_state(spec: RunSpec, run_state: RunState, mesh, log) -> tuple[Any, int, int]:
     """(state, step, version): the latest checkpoint's, or a new run's."""
     restored = run_state.restore(abstract_train_state(spec.model, spec.learner, mesh))
+    if spec.learner.hosts > 1:  # the other processes restore the same version (`tasks.runtime.lockstep`)
+        announce(RESTORED, -1 if restored is None else restored.version)
     if restored is None:
         return init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh), 0, 0
     log.info(f"resumed from {restored.path}: step {restored.step}, version {restored.version}")
     return restored.state, restored.step, restored.version
+
+
+def _episodes(spec: RunSpec, run_dir: Path) -> EpisodeSample | None:
+    """Where a few episodes of each version are written as text; None if none are kept."""
+    if not spec.episodes.per_version:
+        return None
+    return EpisodeSample(run_dir / "episodes", make_tokenizer(spec.model), spec.episodes.per_version,
+                         int(spec.episodes.max_mb * 2**20))
+
+
+def _loggers(run_dir: Path, step: int, log, reporter: Reporter, stopping: Stopping) -> Loggers:
+    """Where each step's record goes; `metrics.jsonl` cut back to `step` on a resume."""
+    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    metrics.resume(step, warn=log.warning)
+    return Loggers(metrics, TensorBoardLog(run_dir / "tensorboard", resume_step=step), ConsoleLog(log.info),
+                   ProgressLog(reporter.progress), stopping)
 
 
 def build_session(spec: RunSpec, client: Client, channels: Channels, log, reporter: Reporter,
@@ -92,14 +111,16 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     the session ends at its next version (Ctrl-C)."""
     run_dir = spec.run_dir.resolve()
     rules = intake_rules(spec, log.warning)
-    run_state = RunState(Checkpoints(run_dir / "checkpoints", spec.checkpoint.keep), rules, reporter,
+    several = spec.learner.hosts > 1  # this is process 0, which the others follow (`lockstep`)
+    checkpoints = (LeadCheckpoints if several else Checkpoints)(run_dir / "checkpoints", spec.checkpoint.keep)
+    run_state = RunState(checkpoints, rules, reporter,
                          run_name=spec.name, seed=spec.seed, run_dir=run_dir, warn=log.warning)
     mesh = make_mesh(spec.learner.mesh)
     state, step, version = _train_state(spec, run_state, mesh, log)
-    learner = Learner(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)
+    learner = (LeadLearner if several else Learner)(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)
     weights = WeightSource(HttpTransport(channels, client), spec.sync.interval, version=version)
     setup = ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
-    actors = ActorPool(client, setup, spec.actors.n_actors, log.info, warn=log.warning)
+    actors = ActorPool(client, setup, spec.actors.n_actors, log.info, warn=log.warning, resources=spec.actors.resources)
     watch = ProgressWatch(lambda: rules.ledger.consumed, spec.env.entrypoint)
     rules.on_exclusion = watch.excluded
 
@@ -115,16 +136,22 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     reader = BufferReader(rules, weights, prefetch=max(spec.buffer.capacity, spec.learner.batch_groups),
                           check=producers_failed)
     exchange = Exchange(channels, client, rules, reader, capacity=spec.actors.n_actors)
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
-    metrics.resume(step, warn=log.warning)
     stopping = Stopping(spec.learner, log.info)
-    loggers = Loggers(metrics, TensorBoardLog(run_dir / "tensorboard", resume_step=step), ConsoleLog(log.info),
-                      ProgressLog(reporter.progress), stopping)
-    episodes = EpisodeSample(run_dir / "episodes", make_tokenizer(spec.model), spec.episodes.per_version,
-                             int(spec.episodes.max_mb * 2**20))
+    loggers = _loggers(run_dir, step, log, reporter, stopping)
     return Session(learner=learner, weights=weights, reader=reader, exchange=exchange, actors=actors,
                    run_state=run_state, meter=StepMeter(reader, rules.ledger, weights, learner), loggers=loggers,
                    stopping=stopping, batch_groups=spec.learner.batch_groups,
                    checkpoint_every=spec.checkpoint.every, synchronous=spec.learner.mode == "sync",
-                   interrupted=interrupted, episodes=episodes if spec.episodes.per_version else None,
+                   interrupted=interrupted, episodes=_episodes(spec, run_dir),
                    evaluate=reporter.evaluate if spec.eval.every is not None else None, eval_due=spec.eval.due)
+
+
+def build_follower(spec: RunSpec) -> tuple[Learner, Checkpoints]:
+    """The learner and checkpoints of a process other than 0 of a multi-host learner:
+    its shards of the train state, restored from the checkpoint process 0 restores."""
+    checkpoints = Checkpoints(spec.run_dir.resolve() / "checkpoints", spec.checkpoint.keep)
+    mesh = make_mesh(spec.learner.mesh)
+    state, version = restore_latest(checkpoints, abstract_train_state(spec.model, spec.learner, mesh))
+    if version is None:
+        state = init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh)
+    return Learner(TrainStep(spec.model, spec.learner, mesh), state, spec.learner), checkpoints

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from learner.batching import batch_of_groups
+from learner.batching import Batch, batch_of_groups
 from learner.config import LearnerConfig
 from learner.train import TrainState, TrainStep, params_numpy
 from learner.trajectory import Group
@@ -45,11 +45,17 @@ class Learner:
 
     def step(self, groups: Sequence[Group]) -> Iterator[Update]:
         """Trains on `groups`: yields after each of the batch's `minibatches × epochs` updates."""
-        updates = self._train_step.updates(self._state, batch_of_groups(groups, self._config))
-        start = time.perf_counter()
-        for self._state, metrics in updates:
-            yield Update(int(self._state.step), metrics, time.perf_counter() - start)
+        return self.updates(batch_of_groups(groups, self._config))
+
+    def updates(self, batch: Batch, before_each: Callable[[], None] = lambda: None) -> Iterator[Update]:
+        """Trains on a packed batch (this host's rows of it, with several hosts): yields after
+        each of its `minibatches × epochs` updates; `before_each` runs before each starts."""
+        updates = self._train_step.updates(self._state, batch)
+        for _ in range(self._config.updates_per_batch):
+            before_each()
             start = time.perf_counter()
+            self._state, metrics = next(updates)
+            yield Update(int(self._state.step), metrics, time.perf_counter() - start)
 
     def params(self) -> dict[str, Any]:
         """The current weights as host NumPy arrays: what is published to the actors."""

@@ -5,6 +5,8 @@ records here, where the Prefect context is. If that process dies (an XLA abort, 
 killer, a kill -9, even in the middle of a message), the task stops the session's actors
 and fails; Prefect retries it, and the new session resumes from the latest checkpoint.
 So does any other failure of the task (relaying to Prefect, say): no exit leaves actors.
+With `learner.hosts` N it starts N processes (`tasks.runtime.hosts`): process 0 runs the
+session, the others follow it; one that dies fails the attempt, and the retry restarts all.
 """
 
 from __future__ import annotations
@@ -20,11 +22,15 @@ from distributed import Client
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from learner import multihost
+from learner.multihost import PROCESS_ID_ENV
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, Channels, stop_actors
 from tasks.records.artifacts import ProgressRecord
 from tasks.records.loggers import PROGRESS_FEED, Progress
-from tasks.runtime.build import RunSpec, build_session
+from tasks.runtime import lockstep
+from tasks.runtime.build import RunSpec, build_follower, build_session
 from tasks.runtime.failures import Unrecoverable
+from tasks.runtime.hosts import LearnerProcesses, coordinator_environ
 from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
 from tasks.runtime.relay import EventReader, LogForwarder
 from tasks.runtime.task_records import TaskRecords
@@ -57,28 +63,29 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
     channels = Channels(uuid.uuid4().hex[:8])
     context = multiprocessing.get_context("spawn")
     events, stop = EventReader(), context.Event()
-    process = context.Process(target=_learner_main, args=(spec, scheduler_address, channels, events.writer, stop),
-                              name="tandem-learner")
+    environs = coordinator_environ(spec.learner.hosts)
+    leader = context.Process(target=_learner_main, name="tandem-learner",
+                             args=(spec, scheduler_address, channels, events.writer, stop, environs[0]))
+    processes = LearnerProcesses([leader] + [context.Process(target=_follower_main, args=(spec, environ),
+                                                             name=f"tandem-learner-{i}")
+                                             for i, environ in enumerate(environs[1:], start=1)])
     with ignoring_sigint():  # Ctrl-C is for this process to pass on (`_relay`)
-        process.start()
+        processes.start()
     events.started()
     result, grace_s = None, 30.0
     try:
-        result = _relay(events, process, log, spec, stop, records)
+        result = _relay(events, processes, log, spec, stop, records)
     except Exception:
         grace_s = 5.0  # failed, or given up on (a Prefect API error, say): a learner left running trains unrecorded
         raise
     finally:
-        process.join(timeout=grace_s)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=5)
+        processes.stop(grace_s)
         events.close()
         records.close()
         if result is None or result == STOPPED_AT_ONCE:  # its session may not have stopped its actors
             _stop_actors(scheduler_address, channels, spec.actors.n_actors, log)
     if result is None:
-        raise RuntimeError(f"learner process died (exit code {process.exitcode})")
+        raise RuntimeError(processes.death())
     return result
 
 
@@ -94,7 +101,7 @@ def _stop_actors(scheduler_address: str, channels: Channels, n_actors: int, log)
                   "they keep their worker threads until the Dask cluster restarts")
 
 
-def _relay(events, process, log, spec: RunSpec, stop, records: TaskRecords) -> dict | None:
+def _relay(events, processes: LearnerProcesses, log, spec: RunSpec, stop, records: TaskRecords) -> dict | None:
     """Forwards the process's events until it reports its result or dies; passes a Ctrl-C
     on (`tasks.runtime.interrupt`): `stop` ends training at the next version, a second
     Ctrl-C terminates the process, which unwinds (stops its actors) and exits."""
@@ -105,9 +112,9 @@ def _relay(events, process, log, spec: RunSpec, stop, records: TaskRecords) -> d
             stop.set()
         if INTERRUPT.now and not terminated:
             terminated = True
-            process.terminate()
+            processes.terminate()
         if (event := events.get(timeout_s=0.2)) is None:
-            if events.gone or not process.is_alive():  # gone: its end of the pipe closed, maybe mid-message
+            if events.gone or processes.failed():  # gone: its end of the pipe closed, maybe mid-message
                 return dict(STOPPED_AT_ONCE) if terminated else None
             continue
         kind, payload = event
@@ -158,7 +165,9 @@ class _Events:
         self._events.put(("eval", fields))
 
 
-def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, events, stop) -> None:
+def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, events, stop,
+                  environ: dict[str, str]) -> None:
+    """Process 0 of the learner: runs the session; `environ` joins it to the other processes."""
     # Terminated (a second Ctrl-C): unwind, so the session stops its actors and closes its
     # checkpoints, and the pid file goes.
     signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
@@ -175,11 +184,15 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, eve
         return
     pid_file.write_text(str(os.getpid()))
     try:
+        multihost.initialize(spec.learner.hosts, environ)
         with Client(scheduler_address) as client:
             relay = _Events(events)
             LogForwarder(events).install()  # warnings of parts without a log (`tasks.background`)
             session = build_session(spec, client, channels, log=relay, reporter=relay, interrupted=stop.is_set)
-            events.put(("done", session.run()))
+            result = session.run()
+            if spec.learner.hosts > 1:
+                lockstep.announce(lockstep.STOP)
+            events.put(("done", result))
     except BaseException as e:
         events.put(("error", (f"{type(e).__name__}: {e}", permanent(e))))
         raise
@@ -187,3 +200,16 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, eve
         pid_file.unlink(missing_ok=True)
         events.close()
         events.join_thread()
+
+
+def _follower_main(spec: RunSpec, environ: dict[str, str]) -> None:
+    """Process i > 0 of a multi-host learner: takes the steps process 0 announces."""
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    pid_file = spec.run_dir.resolve() / f"learner.{environ[PROCESS_ID_ENV]}.pid"
+    pid_file.write_text(str(os.getpid()))
+    try:
+        multihost.initialize(spec.learner.hosts, environ)
+        learner, checkpoints = build_follower(spec)
+        lockstep.follow(learner, checkpoints, spec.learner.minibatches)
+    finally:
+        pid_file.unlink(missing_ok=True)

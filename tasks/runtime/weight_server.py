@@ -16,7 +16,7 @@ from distributed.comm import get_address_host_port
 
 class WeightServer:
     def __init__(self, host: str):
-        self._latest: tuple[int, bytes] | None = None
+        self._latest: tuple[int, list[memoryview]] | None = None  # (version, its chunks)
         self._lock = threading.Lock()
         self._httpd = http.server.ThreadingHTTPServer((host, 0), _handler(self))
         self._httpd.daemon_threads = True
@@ -27,11 +27,12 @@ class WeightServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}/v/{version}"
 
-    def serve(self, version: int, data: bytes) -> None:
+    def serve(self, version: int, chunks: list[memoryview]) -> None:
+        """Serves `version`: its bytes are the chunks in order (`params_to_chunks`)."""
         with self._lock:
-            self._latest = (version, data)
+            self._latest = (version, chunks)
 
-    def get(self, version: int) -> bytes | None:
+    def get(self, version: int) -> list[memoryview] | None:
         with self._lock:
             if self._latest is None or self._latest[0] != version:
                 return None
@@ -47,15 +48,16 @@ def _handler(server: WeightServer) -> type:
         def do_GET(self) -> None:  # noqa: N802 (the http.server API)
             path = urllib.parse.urlparse(self.path).path
             version = path.removeprefix("/v/")
-            data = server.get(int(version)) if version.isdigit() else None
-            if data is None:
+            chunks = server.get(int(version)) if version.isdigit() else None
+            if chunks is None:
                 self.send_error(404, "not the latest version")
                 return
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Length", str(sum(chunk.nbytes for chunk in chunks)))
             self.end_headers()
-            self.wfile.write(data)
+            for chunk in chunks:  # each array from its own memory: nothing copied in this process
+                self.wfile.write(chunk)
 
         def log_message(self, *args) -> None:  # one line per fetch would flood the learner's log
             pass

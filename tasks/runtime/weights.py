@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from distributed import Client, Variable
 
-from learner.serialization import params_to_bytes
+from learner.serialization import params_to_chunks
 from tasks.background import Background
 from tasks.buffer.channels import Channels
 from tasks.runtime.weight_server import WeightServer, address_towards
@@ -46,7 +46,7 @@ class HttpTransport:
         self._version = Variable(channels.weights_version, client=client)
 
     def send(self, version: int, params: Any) -> None:
-        self._server.serve(version, params_to_bytes(params))
+        self._server.serve(version, params_to_chunks(params))
         self._version.set({"version": version, "url": self._server.url(version)})
 
     def close(self) -> None:

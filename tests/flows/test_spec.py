@@ -101,6 +101,16 @@ def test_sync_mode_publishes_once_per_batch():
     assert str(e.value.issues[0]).startswith("sync.interval (line 2): learner.mode sync publishes once per batch")
 
 
+def test_hosts_must_split_every_minibatch_evenly():
+    assert parse_spec("learner: {hosts: 2, minibatches: 2, batch_groups: 4}\n").learner.hosts == 2
+    with pytest.raises(SpecError) as e:
+        parse_spec("learner: {hosts: 3, batch_groups: 4}\n")
+    assert str(e.value.issues[0]).startswith("learner.hosts (line 1): a batch's 32 rows")
+    with pytest.raises(SpecError) as e:
+        parse_spec("learner: {cluster: slurm}\n")
+    assert str(e.value.issues[0]).startswith("learner.cluster (line 1):")
+
+
 def test_spec_is_frozen():
     spec = parse_spec("name: x\n")
     with pytest.raises(Exception):

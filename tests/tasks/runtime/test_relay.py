@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from tasks.config import EvalConfig
 from tasks.runtime import task as task_module
 from tasks.runtime import task_records
+from tasks.runtime.hosts import LearnerProcesses
 from tasks.runtime.relay import EventReader, LogForwarder
 
 SPEC = SimpleNamespace(name="t", learner=SimpleNamespace(steps=8), run_dir=Path("/nonexistent/run"),
@@ -53,7 +54,8 @@ def relay_in_thread(events, process):
 
     def run():
         try:
-            outcome["result"] = task_module._relay(events, process, Log(), SPEC, multiprocessing.Event(), records())
+            outcome["result"] = task_module._relay(events, LearnerProcesses([process]), Log(), SPEC,
+                                                   multiprocessing.Event(), records())
         except Exception as e:
             outcome["error"] = e
 
@@ -107,7 +109,8 @@ def test_the_task_keeps_the_versions_table(monkeypatch):
     events = ScriptedEvents([("version", {"version": 3, "new_rows": [row(1), row(2), row(3)]}),
                              ("version", {"version": 4, "new_rows": [row(4)]}),
                              ("done", {"step": 16, "version": 4, "stopped": "steps"})])
-    result = task_module._relay(events, SimpleNamespace(is_alive=lambda: True), Log(), SPEC, multiprocessing.Event(), records())
+    result = task_module._relay(events, SimpleNamespace(failed=lambda: False), Log(), SPEC, multiprocessing.Event(),
+                                records())
     assert result["step"] == 16
     assert [[r["version"] for r in fields["rows"]] for fields in recorded] == [[1, 2, 3], [1, 2, 3, 4]]
 
