@@ -43,7 +43,7 @@ class Exchange(Background):
         self._queue = Queue(channels.buffer, client=client, maxsize=capacity)
         self._reports = Queue(channels.reports, client=client)
         self._prompts = [Queue(channels.prompts(a), client=client) for a in range(len(rules.held))]
-        self._queued = 0  # items reported put and not yet fetched: at most those in the Dask queue
+        self._queued = 0  # items reported put and not yet fetched
 
     def release(self) -> None:
         for queue in (self._queue, self._reports, *self._prompts):
@@ -53,8 +53,15 @@ class Exchange(Background):
         pause, reader = IDLE_MIN_S, self._reader
         while not self._stopping.is_set():
             reader.wake.clear()  # a take from here on cuts the pause below short
-            wanted = max(0, min(reader.room(), self._queued))
-            items = self._client.sync(self._cycle, wanted, callback_timeout=EXCHANGE_TIMEOUT_S)
+            # A starved learner looks even when nothing was reported: an actor killed between
+            # its put and its report leaves an item nobody reported (`_get_groups`).
+            fetch = reader.room() > 0 and (self._queued > 0 or reader.starved)
+            items, reported = self._client.sync(self._cycle, fetch, callback_timeout=EXCHANGE_TIMEOUT_S)
+            # Every item reported in an earlier cycle was in the queue when this one took all
+            # there was: only this cycle's reports may name items still on their way.
+            self._queued += reported
+            if fetch:
+                self._queued = max(0, min(reported, self._queued - len(items)))
             self._keep(items)
             room = reader.room() > 0
             if self._queued and room:
@@ -74,12 +81,14 @@ class Exchange(Background):
         self._reader.interrupt()
 
     # Coroutines on the client's event loop, where Queue methods return awaitables.
-    async def _cycle(self, n: int) -> list[Fetched]:
-        """One look at the queues: `n` groups from the buffer together with the actors'
-        reports; then the prompts that the reports make room for."""
-        messages, items = await asyncio.gather(self._reports.get(batch=True), self._get_groups(n))
+    async def _cycle(self, fetch: bool) -> tuple[list[Fetched], int]:
+        """One look at the queues: the buffer's items (if `fetch`) together with the actors'
+        reports; then the prompts that the reports make room for. Returns the items and how
+        many the reports said were put."""
+        messages, items = await asyncio.gather(self._reports.get(batch=True), self._get_groups(fetch))
+        reported = 0
         for message in messages:  # one per flush of an actor: what it put, then its reports
-            self._queued += message["items"]
+            reported += message["items"]
             self._reader.stats.blocked(message.get("blocked_s", 0.0))
             for report in message["reports"]:
                 self._reader.stats.reported(report)
@@ -88,20 +97,23 @@ class Exchange(Background):
         messages = self._rules.dispatch(visible)
         await asyncio.gather(*(self._prompts[actor].put(prompt_message(visible, prompts))
                                for actor, prompts in messages.items()))
-        return items
+        return items, reported
 
-    async def _get_groups(self, n: int) -> list[Fetched]:
-        """`n` items from the Dask queue, in arrival order; inline groups stay pickled, to be
-        unpickled off the event loop.
+    async def _get_groups(self, fetch: bool) -> list[Fetched]:
+        """Every item in the Dask queue, in arrival order (none unless `fetch`); inline groups
+        stay pickled, to be unpickled off the event loop.
 
-        `n` counts only items reported put, so the get never blocks: this is the queue's
-        only consumer, and an actor reports what it put after putting it.
+        All there is, not a count: a get never blocks, and an item whose actor was killed
+        after its put and before its report is taken too (its attempts were counted lost
+        when the actor restarted, so `IntakeRules.on_take` does not train it). Left in the
+        queue, it would hold a place the restarted actor's put waits for. An item taken
+        before its report is fine: the ledger closes an attempt from any open state.
         Every wait is bounded: a future whose worker died mid-fetch turns "lost", and Dask
         then waits for it forever (its data was scattered, so nothing can recompute it).
         """
-        if not n:
+        if not fetch:
             return []
-        items = await self._queue.get(batch=n)  # inline groups (bytes, several each) and futures
+        items = await self._queue.get(batch=True)  # inline groups (bytes, several each) and futures
         futures = [item for item in items if isinstance(item, Future)]
         pending = [f for f in futures if f.status == "pending"]  # its state not reported yet
         if pending:
@@ -117,7 +129,6 @@ class Exchange(Background):
 
     def _keep(self, items: list[Fetched]) -> None:
         """Hands fetched groups to the reader, in arrival order."""
-        self._queued -= len(items)
         for key, group in items:
             if key is not None:
                 self._rules.on_fetch(key, lost=group is None)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from distributed import Client, Future, LocalCluster, Queue, get_client
 
-from learner.trajectory import OBSERVATION, Group, Sample, groups_from_wire
+from learner.trajectory import OBSERVATION, Group, Sample, groups_from_wire, groups_to_wire
 from tasks.buffer.ledger import Ledger, balanced
 from tasks.buffer import exchange as exchange_module
 from tasks.actors.pool import ActorPool
@@ -129,6 +129,23 @@ def test_a_full_buffer_blocks_the_producer_until_the_learner_takes(client):
         assert blocked.result(timeout=10) > 0.5  # the seconds it was blocked
     finally:
         reader.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_item_put_but_never_reported_does_not_block_the_buffer(client):
+    """An actor killed between its put and its report leaves an item nobody reported: the
+    starved learner takes it (training nothing of it: its attempt is not open), so the
+    next actor's put into the full queue goes through."""
+    buffer = reader_for(client, "orphan", n_actors=3, capacity=1)
+    try:
+        time.sleep(0.3)  # prompts 0, 1, 2 dispatched to actors 0, 1, 2
+        Queue(Channels("orphan").buffer, client=client).put(groups_to_wire([make_group(7)]))
+        produced = client.submit(produce, 1, "orphan", 1, 0.0, pure=False)
+        assert buffer.take().prompt_id == 1  # before the fix: blocked for good (the test's timeout)
+        produced.result(timeout=10)
+        assert buffer.rules.accounting()["consumed"] == 1
+    finally:
+        buffer.close()
 
 
 def test_a_starved_learner_says_what_the_buffer_knows(client, monkeypatch):
