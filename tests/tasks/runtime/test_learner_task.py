@@ -44,4 +44,5 @@ def test_the_learner_s_no_progress_error_reaches_the_task_as_unrecoverable():
             return next(events)
 
     with pytest.raises(task_module.Unrecoverable, match="learner failed: NoProgress: no progress is possible"):
-        task_module._relay(Events(), None, None, None, type("Stop", (), {"set": lambda self: None})())
+        task_module._relay(Events(), None, None, None, type("Stop", (), {"set": lambda self: None})(),
+                           type("Records", (), {"collect": lambda self, wait_s=0.0: None})())
