@@ -44,6 +44,9 @@ class Exchange(Background):
         self._reports = Queue(channels.reports, client=client)
         self._prompts = [Queue(channels.prompts(a), client=client) for a in range(len(rules.held))]
         self._queued = 0  # items reported put and not yet fetched
+        # Whether a prompt must be played with the version it was dispatched at, or newer:
+        # synchronous mode and admission control count on it (`prompt_message`).
+        self._binds_version = rules.pace.synchronous or rules.config.admission
 
     def release(self) -> None:
         for queue in (self._queue, self._reports, *self._prompts):
@@ -95,7 +98,10 @@ class Exchange(Background):
                 self._rules.on_report(report)
         visible = self._reader.clock.visible
         messages = self._rules.dispatch(visible)
-        await asyncio.gather(*(self._prompts[actor].put(prompt_message(visible, prompts))
+        # Where the version is not binding, an actor starts at once with the weights it
+        # holds: each token's version is recorded, and the exit check sees any staleness.
+        floor = visible if self._binds_version else 0
+        await asyncio.gather(*(self._prompts[actor].put(prompt_message(floor, prompts))
                                for actor, prompts in messages.items()))
         return items, reported
 

@@ -28,8 +28,8 @@ class Prompt:
 
 
 def prompt_message(version: int, prompts: list[Prompt]) -> dict:
-    """What an actor is sent: prompts, with the version they were dispatched at. The actor
-    plays them with that version or a newer one, never an older one it still holds (in
+    """What an actor is sent: prompts, with the oldest version it may play them with (the
+    version they were dispatched at where that matters, see `Exchange`; in
     synchronous mode a batch is dispatched just as its version is published)."""
     return {"version": version, "prompts": [p.to_wire() for p in prompts]}
 

@@ -64,6 +64,10 @@ class EpisodeSample:
         self.directory, self.tokenizer = directory, tokenizer
         self.per_version, self.max_bytes = per_version, max_bytes
         self._kept: dict[int, int] = {}  # version -> episodes written this session
+        # Bytes of each version's file, oldest first: read once, then kept up to date here
+        # (a version a step would otherwise mean a directory scan per episode).
+        files = sorted(directory.glob("v*.jsonl"), key=lambda p: int(p.stem[1:])) if directory.is_dir() else []
+        self._sizes = {int(p.stem[1:]): p.stat().st_size for p in files}
 
     def add(self, groups: list[Group]) -> None:
         """Keeps an episode of each group while its version wants more."""
@@ -73,19 +77,20 @@ class EpisodeSample:
                 continue
             self._kept[version] = self._kept.get(version, 0) + 1
             (record,) = episode_records(group, self.tokenizer, limit=1)
+            line = json.dumps({"version": version, **record}) + "\n"
             self.directory.mkdir(parents=True, exist_ok=True)
             with (self.directory / f"v{version}.jsonl").open("a") as f:
-                f.write(json.dumps({"version": version, **record}) + "\n")
+                f.write(line)
+            self._sizes[version] = self._sizes.get(version, 0) + len(line.encode())
             self._rotate(keep=version)
 
     def _rotate(self, keep: int) -> None:
-        files = sorted(self.directory.glob("v*.jsonl"), key=lambda p: int(p.stem[1:]))
-        total = sum(p.stat().st_size for p in files)
-        for path in files:
-            if total <= self.max_bytes or path.stem == f"v{keep}":
+        total = sum(self._sizes.values())
+        for version in sorted(self._sizes):
+            if total <= self.max_bytes or version == keep:
                 break
-            total -= path.stat().st_size
-            path.unlink(missing_ok=True)
+            total -= self._sizes.pop(version)
+            (self.directory / f"v{version}.jsonl").unlink(missing_ok=True)
 
 
 def write_eval_episodes(run_dir: Path, version: int, records: list[dict]) -> Path:
