@@ -5,7 +5,8 @@ the Dask scheduler on the other):
   `--episodes` episodes at once, on a learner heavy enough to need them (the default
   spec's game with a larger model and four passes over each batch): episodes in flight,
   learner busy and the Dask scheduler's CPU, in steady state.
-- compiles: a `--steps`-step run of the default spec at zero latency: the learner's train-step
+- compiles: a `--steps`-step run of the default spec at zero latency, no entry filter (a
+  solved game filters nearly every group): the learner's train-step
   compiles (bounded by `learner.buckets`) and the actor engine's (bounded by its slots and
   window, `learner.engine`), as each reports them at the end.
 Usage:
@@ -35,7 +36,10 @@ HEAVY = ["model.d_model=256", "model.n_heads=8", "model.n_kv_heads=4", "model.d_
 def concurrency(latency: float, episodes: int, seconds: float, work: Path) -> dict:
     learner_cores, actor_cores = split_cores()
     groups = -(-episodes // 8)
+    # An episode of 4 turns at 2 s spans ~7 versions of this learner (one per 1.2 s batch):
+    # the spec's budget of 4 would drop nearly every group as stale.
     overrides = [*HEAVY, f"env.latency_s={latency}", f"actors.actors={groups}", "actors.slots=1024",
+                 "buffer.max_staleness=16",
                  "learner.stop_at_success=null", "learner.steps=100000", "checkpoint.every=100000"]
     with actor_pool(actor_cores) as address:
         scheduler = next(p for p in psutil.Process().children() if "scheduler" in " ".join(p.cmdline()))
@@ -71,7 +75,9 @@ class _CpuMeter:
 def compiles(steps: int, work: Path) -> dict:
     learner_cores, actor_cores = split_cores()
     with actor_pool(actor_cores) as address:
-        result = run_tandem(SPEC, [f"actors.cluster={address}", "learner.stop_at_success=null",
+        # No entry filter: once the game is solved, zero-variance groups would starve the
+        # learner and the run would take far longer than its steps need.
+        result = run_tandem(SPEC, [f"actors.cluster={address}", "learner.stop_at_success=null", "buffer.filters=[]",
                                    f"learner.steps={steps}", "checkpoint.every=100000"],
                             work / "compiles", cores=learner_cores, budget_s=3600)
     log = (work / "compiles.log").read_text()
