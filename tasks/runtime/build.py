@@ -89,12 +89,12 @@ def _train_state(spec: RunSpec, run_state: RunState, mesh, log) -> tuple[Any, in
     return restored.state, restored.step, restored.version
 
 
-def _episodes(spec: RunSpec, run_dir: Path) -> EpisodeSample | None:
-    """Where a few episodes of each version are written as text; None if none are kept."""
+def _episodes(spec: RunSpec, run_dir: Path) -> Callable[[list], None]:
+    """Keeps a few episodes of each version as text (`episodes.per_version`)."""
     if not spec.episodes.per_version:
-        return None
+        return lambda groups: None
     return EpisodeSample(run_dir / "episodes", make_tokenizer(spec.model), spec.episodes.per_version,
-                         int(spec.episodes.max_mb * 2**20))
+                         int(spec.episodes.max_mb * 2**20)).add
 
 
 def _loggers(run_dir: Path, step: int, log, reporter: Reporter, stopping: Stopping) -> Loggers:
@@ -103,6 +103,16 @@ def _loggers(run_dir: Path, step: int, log, reporter: Reporter, stopping: Stoppi
     metrics.resume(step, warn=log.warning)
     return Loggers(metrics, TensorBoardLog(run_dir / "tensorboard", resume_step=step), ConsoleLog(log.info),
                    ProgressLog(reporter.progress), stopping)
+
+
+def _evaluate(spec: RunSpec, reporter: Reporter) -> Callable[..., None]:
+    """Hands the versions `eval.every` names, and the last, to the learner task."""
+
+    def evaluate(*, last: bool, **version) -> None:
+        if spec.eval.every is not None and (last or spec.eval.due(version["version"])):
+            reporter.evaluate(**version)
+
+    return evaluate
 
 
 def build_session(spec: RunSpec, client: Client, channels: Channels, log, reporter: Reporter,
@@ -143,7 +153,7 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
                    stopping=stopping, batch_groups=spec.learner.batch_groups,
                    checkpoint_every=spec.checkpoint.every, synchronous=spec.learner.mode == "sync",
                    interrupted=interrupted, episodes=_episodes(spec, run_dir),
-                   evaluate=reporter.evaluate if spec.eval.every is not None else None, eval_due=spec.eval.due)
+                   evaluate=_evaluate(spec, reporter))
 
 
 def build_follower(spec: RunSpec) -> tuple[Learner, Checkpoints]:

@@ -16,7 +16,6 @@ from typing import Callable
 from tasks.actors.pool import ActorPool
 from tasks.buffer.exchange import Exchange
 from tasks.buffer.reader import BufferReader
-from tasks.records.episodes import EpisodeSample
 from tasks.records.loggers import Loggers
 from tasks.records.step import StepMeter
 from tasks.runtime.learner import Learner
@@ -39,11 +38,9 @@ class Session:
     batch_groups: int
     checkpoint_every: int  # versions between checkpoints
     synchronous: bool  # learner.mode sync: each batch is played with the latest weights
-    episodes: EpisodeSample | None = None  # a few episodes of each version, as text
-    # Hands a version's host params over to be evaluated (`eval.every`): fn(version=, step=,
-    # params=, checkpointed=); it must not block (the learner task evaluates them).
-    evaluate: Callable[..., None] | None = None
-    eval_due: Callable[[int], bool] = lambda version: False
+    episodes: Callable[[list], None] = lambda groups: None  # keeps a few of each version's, as text
+    # Told of each version (version=, step=, params=, checkpointed=, last=); must not block.
+    evaluate: Callable[..., None] = lambda **version: None
     # Set by Ctrl-C (through the learner task): training ends at the next version.
     interrupted: Callable[[], bool] = lambda: False
     stopped: str | None = None  # why training ended: "steps", "success" or "interrupted"
@@ -51,7 +48,8 @@ class Session:
     def run(self) -> dict:
         """Trains until `learner.steps` or the success target; returns where it ended."""
         with contextlib.ExitStack() as stack:  # stops, in reverse order: exchange, actors, weights, ...
-            for stop in (self._close, self.exchange.release, self.weights.stop, self.actors.stop, self.exchange.stop):
+            for stop in (self.loggers.close, self.run_state.close, self.run_state.write_accounting,
+                         self.exchange.release, self.weights.stop, self.actors.stop, self.exchange.stop):
                 stack.callback(stop)
             self.exchange.start()
             self.weights.start()
@@ -79,14 +77,12 @@ class Session:
         start = time.perf_counter()
         groups = self.reader.take(self.batch_groups)
         self.meter.took(time.perf_counter() - start)
-        if self.episodes is not None:
-            self.episodes.add(groups)
+        self.episodes(groups)
         for update in self.learner.step(groups):
             record = self.meter.record(update, groups, self.reader.pop_stats())
             self.loggers.write(record)
-            if self.weights.due(update.step) and self._sync(update.step, record.reward_mean):
-                return True
-            if self.stopping.finished(update.step):
+            if (self.weights.due(update.step) and self._sync(update.step, record.reward_mean)
+                    or self.stopping.finished(update.step)):
                 return True
         return False
 
@@ -105,12 +101,6 @@ class Session:
         checkpointed = self.stopped is not None or version % self.checkpoint_every == 0
         if checkpointed:
             self.run_state.save(self.learner.state(), step=step, version=version, reward_mean=reward_mean)
-        last = self.stopped in ("steps", "success")  # the last version is evaluated too
-        if self.evaluate is not None and (self.eval_due(version) or last):
-            self.evaluate(version=version, step=step, params=params, checkpointed=checkpointed)
+        self.evaluate(version=version, step=step, params=params, checkpointed=checkpointed,
+                      last=self.stopped in ("steps", "success"))
         return self.stopped is not None
-
-    def _close(self) -> None:
-        self.run_state.write_accounting()
-        self.run_state.close()
-        self.loggers.close()

@@ -69,6 +69,7 @@ def test_two_hosts_train_as_one_with_the_same_devices(prefect_api, tmp_path):
     assert balanced(accounting) and accounting["consumed"] == 4
 
 
+@pytest.mark.slow  # ~3-4 min on 2 cores; CI runs the two-host equivalence above and the single-host fault tests
 def test_a_killed_host_fails_the_attempt_and_the_retry_restarts_both(prefect_api, tmp_path):
     run_dir, steps = tmp_path / "run", 24
     command = [os.path.join(os.path.dirname(sys.executable), "tandem"), "run", "specs/guess-number.yaml",
