@@ -112,6 +112,7 @@ def test_a_failure_relaying_to_prefect_stops_the_actors_and_the_retry_trains(pre
 
     from flows.spec import load_spec
     from tasks.runtime import task as task_module
+    from tasks.runtime import task_records
 
     recorded = []
 
@@ -122,7 +123,7 @@ def test_a_failure_relaying_to_prefect_stops_the_actors_and_the_retry_trains(pre
         if len(recorded) == 3:  # the retried learner has trained on: ends the test's run, not retried
             raise task_module.Unrecoverable("enough: the retried learner trains")
 
-    monkeypatch.setattr(task_module, "record_version", flaky_record_version)
+    monkeypatch.setattr(task_records, "record_version", flaky_record_version)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     spec = load_spec(ROOT / "specs/guess-number.yaml", [o for o in BASE if o != "--set"] + [
