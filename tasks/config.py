@@ -117,7 +117,12 @@ class EvalConfig(Frozen):
         too); None: none during training (`tandem eval` still evaluates checkpoints).
       prompts: "env": the first `n` distinct tasks of the environment drawn from a seed
         stream of their own (`seed`), or a .jsonl of {"prompt": ...} (all its distinct
-        prompts). Held out: training never draws one of them (`tasks.buffer.prompts`).
+        prompts).
+      held_out: training never draws an eval prompt (`tasks.buffer.prompts`). False suits
+        an environment whose agent never sees its task, where a held-out task measures
+        nothing but what reward never reached: guess-number's task is the hidden letter,
+        and a letter held out is one no episode was ever rewarded for finding (its greedy
+        success is 0%); its eval then plays every letter, as training does.
       n: prompts drawn from the environment (prompts "env").
       seed: the eval stream's seed (disjoint from training's whatever its value).
       decoding: greedy (the likeliest token: deterministic) or sampled (`temperature`).
@@ -131,6 +136,7 @@ class EvalConfig(Frozen):
 
     every: PositiveInt | None = None
     prompts: str = "env"
+    held_out: bool = True
     n: PositiveInt = 16
     seed: int = 0
     decoding: Literal["greedy", "sampled"] = "greedy"

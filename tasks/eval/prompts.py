@@ -1,9 +1,9 @@
-"""The eval's prompts, held out from training.
+"""The eval's prompts, held out from training (unless `eval.held_out` is false).
 
 Drawn from the environment, they come from a seed stream of their own ("eval:SEED:j"),
 which training's ("SEED:i", `tasks.buffer.prompts`) never reaches; and since an
-environment's tasks may repeat across seeds (guess-number has 12), training also holds
-them out by text: a training draw that is an eval prompt is drawn again.
+environment's tasks may repeat across seeds (calculator's small sums, say), training also
+holds them out by text: a training draw that is an eval prompt is drawn again.
 """
 
 from __future__ import annotations
@@ -30,5 +30,8 @@ def eval_prompts(config: EvalConfig, env_class: type, env_kwargs: dict) -> list[
 
 
 def held_out(config: EvalConfig, env_class: type, env_kwargs: dict) -> frozenset[str]:
-    """What training must not draw: the eval's prompts when training evaluates, else none."""
-    return frozenset(eval_prompts(config, env_class, env_kwargs)) if config.every is not None else frozenset()
+    """What training must not draw: the eval's prompts when training evaluates them as
+    held out, else none."""
+    if config.every is None or not config.held_out:
+        return frozenset()
+    return frozenset(eval_prompts(config, env_class, env_kwargs))

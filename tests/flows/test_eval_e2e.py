@@ -2,11 +2,13 @@
 then again after the fact with `tandem eval`, and their episodes shown with `tandem show`."""
 
 import json
+import time
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey, FlowRunFilter,
                                             FlowRunFilterId)
+from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
 from tests.conftest import tandem
 
@@ -38,10 +40,10 @@ def evaluated_run(prefect_api, tmp_path_factory):
 def test_every_second_version_and_the_last_are_evaluated_and_recorded(evaluated_run):
     run_dir = evaluated_run
     assert [s["version"] for s in scores(run_dir)] == [2, 3]  # every 2nd, and the last
-    assert all(s["prompts"] == s["episodes"] == 3 for s in scores(run_dir))
+    assert all(s["prompts"] == s["episodes"] == 12 for s in scores(run_dir))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(m["version"], m["step"]) for m in metrics if "eval" in m] == [(2, 8), (3, 12)]
-    assert len((run_dir / "episodes/eval/v3.jsonl").read_text().splitlines()) == 3
+    assert len((run_dir / "episodes/eval/v3.jsonl").read_text().splitlines()) == 12
     assert any((run_dir / "episodes").glob("v*.jsonl"))  # training's sample
     assert list((run_dir / "tensorboard/eval").glob("events.out.tfevents.*"))
 
@@ -58,6 +60,35 @@ def test_every_second_version_and_the_last_are_evaluated_and_recorded(evaluated_
         (summary,) = client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=["run-summary"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
         assert "Best version by eval score" in summary.data and "agent:" in summary.data
+
+
+def materializations(run_dir, wanted: int) -> dict[str, dict]:
+    """The run's asset materializations, by asset key: {"upstream": [keys], "metadata": {...}}.
+    Events reach the server a moment after the task ends: waits for `wanted` of them."""
+    name = EventNameFilter(name=["prefect.asset.materialization.succeeded"])
+    resource = EventResourceFilter(id_prefix=[run_dir.resolve().as_uri()])
+    deadline = time.monotonic() + 30
+    with get_client(sync_client=True) as client:
+        while True:
+            events = client.read_events(EventFilter(event=name, resource=resource), limit=50).events
+            if len(events) >= wanted or time.monotonic() > deadline:
+                return {e.resource.id: {"upstream": sorted(r.id for r in e.related if r.role == "asset"),
+                                        "metadata": e.payload} for e in events}
+            time.sleep(1)
+
+
+def test_the_lineage_reads_spec_version_checkpoint_eval(evaluated_run):
+    run_dir = evaluated_run
+    assets = materializations(run_dir, wanted=5)  # versions 1-3, evals of 2 and 3
+    versions = {a["metadata"]["version"]: key for key, a in assets.items() if "/eval/" not in key}
+    evals = {a["metadata"]["version"]: key for key, a in assets.items() if "/eval/" in key}
+    assert sorted(versions) == [1, 2, 3] and sorted(evals) == [2, 3]
+    spec = (run_dir / "spec.yaml").resolve().as_uri()
+    assert assets[versions[1]]["upstream"] == [spec]
+    for v in (2, 3):  # spec -> v1 -> v2 -> v3, and each evaluated version -> its eval
+        assert assets[versions[v]]["upstream"] == sorted([spec, versions[v - 1]])
+        assert assets[evals[v]]["upstream"] == [versions[v]]
+        assert assets[evals[v]]["metadata"]["success_rate"] == scores(run_dir)[v - 2]["success_rate"]
 
 
 def test_eval_after_the_fact_repeats_the_greedy_scores_and_episodes(evaluated_run):
@@ -81,3 +112,18 @@ def test_show_prints_transcripts(evaluated_run):
     failed = tandem("show", str(evaluated_run), "--failed")
     assert failed.returncode == 0 and "failed training episodes of version" in failed.stdout
     assert tandem("show", str(evaluated_run), "--version", "999").returncode == 1
+
+
+@pytest.mark.slow  # trains the demo to its target: ~2 min on 2 cores
+def test_greedy_eval_of_a_trained_policy_scores_at_least_its_sampled_training_success(prefect_api, tmp_path):
+    run_dir = tmp_path / "run"
+    # Only the last version is evaluated (every one of the 12 secrets, greedily).
+    result = tandem("run", "specs/guess-number.yaml", "--set", "eval.every=100000",
+                    "--set", f"checkpoint.dir={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "eval" not in m]
+    training_success = sum(m["success_rate"] for m in steps[-20:]) / 20  # what `stop_at_success` reads
+    assert training_success >= 0.95
+    (last,) = scores(run_dir)
+    assert last["step"] == steps[-1]["step"] and last["prompts"] == 12
+    assert last["success_rate"] >= training_success

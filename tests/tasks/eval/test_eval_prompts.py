@@ -33,6 +33,14 @@ def test_training_never_draws_an_eval_prompt_from_the_environment():
     assert [plain.next() for _ in range(50)] == [unheld.next() for _ in range(50)]
 
 
+def test_an_eval_not_held_out_leaves_training_its_draws():
+    # guess-number's spec evaluates every letter: its agent never sees the task.
+    config = EvalConfig(every=5, n=12, held_out=False)
+    assert sorted(eval_prompts(config, GuessNumber, {})) == [f"secret={c}" for c in "abcdefghijkl"]
+    assert held_out(config, GuessNumber, {}) == frozenset()
+    parse_spec("eval: {every: 5, n: 12, held_out: false}\n")  # nothing held out: nothing refused
+
+
 def test_training_never_draws_an_eval_prompt_from_a_file(tmp_path):
     train, held = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
     train.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("1+2", "3+4", "5+6")))
