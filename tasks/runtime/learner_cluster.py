@@ -25,7 +25,7 @@ import socket
 import time
 from typing import Any, Iterator
 
-from distributed import Client, Future, Queue, Variable, wait
+from distributed import Client, Future, Queue, Variable
 
 from learner.config import LearnerConfig
 from learner.multihost import COORDINATOR_ENV, PROCESS_ID_ENV
@@ -44,17 +44,17 @@ def learner_client(config: LearnerConfig) -> Iterator[Client]:
     """A client of the cluster `learner.cluster` names; a cluster class is built, scaled to
     `learner.hosts` workers, and closed after."""
     if "://" in config.cluster:
-        with Client(config.cluster, timeout=SCHEDULER_TIMEOUT_S) as client:
+        with Client(config.cluster, timeout=SCHEDULER_TIMEOUT_S, set_as_default=False) as client:
             yield client
         return
     with cluster_class(config.cluster, "learner.cluster")(**config.cluster_kwargs) as cluster:
         cluster.scale(config.hosts)
-        with Client(cluster, timeout=SCHEDULER_TIMEOUT_S) as client:
+        with Client(cluster, timeout=SCHEDULER_TIMEOUT_S, set_as_default=False) as client:
             yield client
 
 
 def _workers(client: Client) -> dict[str, dict[str, Any]]:
-    """The scheduler's learner workers: address -> its information (host, id, ...)."""
+    """The scheduler's learner workers: address -> its information (host, resources, ...)."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
     return {address: info for address, info in workers.items() if info.get("resources", {}).get(RESOURCE, 0) >= 1}
 
@@ -174,9 +174,11 @@ class ClusterProcesses:
 
 
 def _wait(futures: list[Future], timeout_s: float) -> None:
-    """Waits up to `timeout_s` for `futures` to be done."""
-    with contextlib.suppress(TimeoutError):
-        wait(futures, timeout=timeout_s)
+    """Waits up to `timeout_s` for `futures` to be done (not `distributed.wait`: it needs
+    a default client, and this one is not, so as not to be mistaken for the actors')."""
+    deadline = time.monotonic() + timeout_s
+    while not all(future.done() for future in futures) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 class QueueEvents:
