@@ -5,6 +5,7 @@ modules importable, its data file readable) before anything starts."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -338,11 +339,7 @@ def runnable_problems(spec: Spec | SimpleNamespace) -> list[tuple[str, str]]:
         problems += _loadable("env.entrypoint", spec.env.entrypoint, resolve_entrypoint)
     for i, name in enumerate(spec.buffer.filters if spec.buffer is not None else ()):
         problems += _loadable(f"buffer.filters.{i}", name, resolve_filter)
-    cluster = spec.actors.cluster if spec.actors is not None else "local"
-    if cluster != "local" and "://" not in cluster:  # a class, as `actor_cluster` reads it
-        from tasks.actors.cluster import cluster_class  # imports distributed: only when needed
-
-        problems += _loadable("actors.cluster", cluster, cluster_class)
+    problems += _cluster_classes(spec)
     if spec.data is not None and spec.data.source != "env":
         from tasks.buffer.prompts import read_jsonl  # the reader the run uses
 
@@ -353,6 +350,20 @@ def runnable_problems(spec: Spec | SimpleNamespace) -> list[tuple[str, str]]:
         except ValueError as e:  # its message names its field: eval.prompts, eval.n or data.source
             field, _, message = str(e).partition(": ")
             problems.append((field, message) if re.fullmatch(r"(eval|data)\.\w+", field) else ("eval", str(e)))
+    return problems
+
+
+def _cluster_classes(spec: Spec | SimpleNamespace) -> list[tuple[str, str]]:
+    """[(path, message)] for each cluster class the spec names (actors' or learner's) that
+    does not load: a field that is neither "local" nor an address is one, as the run reads it."""
+    problems = []
+    for section in ("actors", "learner"):
+        cluster = getattr(spec, section).cluster if getattr(spec, section) is not None else "local"
+        if cluster != "local" and "://" not in cluster:
+            from tasks.actors.cluster import cluster_class  # imports distributed: only when needed
+
+            path = f"{section}.cluster"
+            problems += _loadable(path, cluster, functools.partial(cluster_class, field=path))
     return problems
 
 
@@ -372,7 +383,7 @@ def _training_draws_outside_eval(spec) -> None:
 def _valid_sections(data: dict) -> SimpleNamespace:
     """The sections `runnable_problems` reads, each validated alone; None where invalid."""
     sections = {}
-    for name in ("env", "data", "actors", "buffer", "eval"):
+    for name in ("env", "data", "actors", "buffer", "learner", "eval"):
         try:
             sections[name] = Spec.model_fields[name].annotation.model_validate(data.get(name, {}))
         except ValidationError:

@@ -6,7 +6,7 @@ Frozen pydantic models; `flows.spec.Spec` composes them into the experiment spec
 from __future__ import annotations
 
 import string
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
@@ -170,9 +170,15 @@ class LearnerConfig(Frozen):
     # Processes of the learner (jax.distributed), each feeding its share of every batch's
     # rows from its own devices; process 0 alone runs the buffer, publishing and checkpoints.
     hosts: PositiveInt = 1
-    # Where those processes run. "local": all on the machine of the learner task, each with
-    # the devices its environment gives it (XLA_FLAGS on CPU, CUDA_VISIBLE_DEVICES, ...).
-    cluster: Literal["local"] = "local"
+    # Where those processes run, each with the devices its environment gives it (XLA_FLAGS
+    # on CPU, CUDA_VISIBLE_DEVICES, ...). "local": all on the machine of the learner task.
+    # "tcp://host:8786": one on each of `hosts` workers of that Dask scheduler that carry a
+    # `learner` resource (`dask worker tcp://host:8786 --resources learner=1 --nthreads 1`).
+    # "module:Class" (e.g. "dask_jobqueue:SLURMCluster"): such a cluster, built as
+    # Class(**cluster_kwargs) and scaled to `hosts` workers; cluster_kwargs must give its
+    # workers the `learner` resource (jobqueue: worker_extra_args: [--resources, learner=1]).
+    cluster: str = "local"
+    cluster_kwargs: dict[str, Any] = {}
     # "sync": the baseline that waits: generate a batch with the latest weights, train on
     # it, publish, repeat (publishes every step; needs sync.interval 1).
     mode: Literal["async", "sync"] = "async"
@@ -189,6 +195,14 @@ class LearnerConfig(Frozen):
         if list(buckets) != sorted(set(buckets)):
             raise ValueError("bucket lengths must be strictly increasing")
         return buckets
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, cluster: str) -> str:
+        if cluster != "local" and "://" not in cluster and ":" not in cluster:
+            raise ValueError('must be "local", a scheduler address such as "tcp://host:8786", '
+                             'or a cluster class such as "dask_jobqueue:SLURMCluster"')
+        return cluster
 
     @model_validator(mode="after")
     def _rows_split_into_minibatches(self) -> "LearnerConfig":

@@ -47,9 +47,9 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
         yield cluster.scheduler_address
 
 
-def cluster_class(name: str) -> type:
-    """The cluster class "module:Class" (e.g. "dask_jobqueue:SLURMCluster") names."""
+def cluster_class(name: str, field: str = "actors.cluster") -> type:
+    """The cluster class "module:Class" (e.g. "dask_jobqueue:SLURMCluster") that `field` names."""
     try:
         return load(name, {}, "cluster class")
     except ValueError as e:  # raised where the field is not in sight: name it
-        raise ValueError(f"actors.cluster: {e}") from None
+        raise ValueError(f"{field}: {e}") from None

@@ -5,18 +5,24 @@ records here, where the Prefect context is. If that process dies (an XLA abort, 
 killer, a kill -9, even in the middle of a message), the task stops the session's actors
 and fails; Prefect retries it, and the new session resumes from the latest checkpoint.
 So does any other failure of the task (relaying to Prefect, say): no exit leaves actors.
-With `learner.hosts` N it starts N processes (`tasks.runtime.hosts`): process 0 runs the
-session, the others follow it; one that dies fails the attempt, and the retry restarts all.
+With `learner.hosts` N it starts N processes, on this machine (`tasks.runtime.hosts`) or on
+Dask workers with a `learner` resource (`tasks.runtime.learner_cluster`), as `learner.cluster`
+says: process 0 runs the session, the others follow it; one that dies fails the attempt, and
+the retry restarts all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import functools
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import uuid
+from typing import Any, Iterator
 
 from distributed import Client
 from prefect import get_run_logger, task
@@ -27,7 +33,7 @@ from learner.multihost import PROCESS_ID_ENV
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, Channels, stop_actors
 from tasks.records.artifacts import ProgressRecord
 from tasks.records.loggers import PROGRESS_FEED, Progress
-from tasks.runtime import lockstep
+from tasks.runtime import learner_cluster, lockstep
 from tasks.runtime.build import RunSpec, build_follower, build_session
 from tasks.runtime.failures import Unrecoverable
 from tasks.runtime.hosts import LearnerProcesses, coordinator_environ
@@ -59,34 +65,58 @@ def _retriable(task, task_run, state) -> bool:
 def learn(spec: RunSpec, scheduler_address: str) -> dict:
     """Trains to `learner.steps`, resuming from the run directory's latest checkpoint."""
     log = get_run_logger()
-    records = TaskRecords(spec, scheduler_address, log)
     channels = Channels(uuid.uuid4().hex[:8])
+    with _placed(spec, scheduler_address, channels) as (processes, events, stop):
+        records = TaskRecords(spec, scheduler_address, log)
+        with ignoring_sigint():  # Ctrl-C is for this process to pass on (`_relay`)
+            processes.start()
+        events.started()
+        result, grace_s = None, 30.0
+        try:
+            result = _relay(events, processes, log, spec, stop, records)
+        except Exception:
+            grace_s = 5.0  # failed, or given up on (a Prefect API error, say): a learner left running trains unrecorded
+            raise
+        finally:
+            processes.stop(grace_s)
+            events.close()
+            records.close()
+            if result is None or result == STOPPED_AT_ONCE:  # its session may not have stopped its actors
+                _stop_actors(scheduler_address, channels, spec.actors.n_actors, log)
+        if result is None:
+            raise RuntimeError(processes.death())
+        return result
+
+
+@contextlib.contextmanager
+def _placed(spec: RunSpec, scheduler_address: str, channels: Channels) -> Iterator[tuple]:
+    """The learner's processes, not started yet, where `learner.cluster` says; the reader of
+    the leader's events; the flag that ends its training at the next version."""
+    if spec.learner.cluster == "local":
+        yield _local_processes(spec, scheduler_address, channels)
+        return
+    with learner_cluster.learner_client(spec.learner) as client:
+        workers = learner_cluster.learner_workers(client, spec.learner.hosts)
+        environs = learner_cluster.cluster_environ(client, workers)
+        # Pickled here: the Dask task passes them on to the learner process it starts, unread.
+        mains = [pickle.dumps(functools.partial(_learner_main, spec, scheduler_address, channels, environs[0]))]
+        mains += [pickle.dumps(functools.partial(_follower_main, spec, environ)) for environ in environs[1:]]
+        processes = learner_cluster.ClusterProcesses(client, workers, mains, channels.session)
+        yield processes, processes.events, processes.stop_flag
+
+
+def _local_processes(spec: RunSpec, scheduler_address: str,
+                     channels: Channels) -> tuple[LearnerProcesses, EventReader, Any]:
+    """Processes on this machine (`tasks.runtime.hosts`), the leader's events through a pipe."""
     context = multiprocessing.get_context("spawn")
     events, stop = EventReader(), context.Event()
     environs = coordinator_environ(spec.learner.hosts)
     leader = context.Process(target=_learner_main, name="tandem-learner",
-                             args=(spec, scheduler_address, channels, events.writer, stop, environs[0]))
+                             args=(spec, scheduler_address, channels, environs[0], events.writer, stop))
     processes = LearnerProcesses([leader] + [context.Process(target=_follower_main, args=(spec, environ),
                                                              name=f"tandem-learner-{i}")
                                              for i, environ in enumerate(environs[1:], start=1)])
-    with ignoring_sigint():  # Ctrl-C is for this process to pass on (`_relay`)
-        processes.start()
-    events.started()
-    result, grace_s = None, 30.0
-    try:
-        result = _relay(events, processes, log, spec, stop, records)
-    except Exception:
-        grace_s = 5.0  # failed, or given up on (a Prefect API error, say): a learner left running trains unrecorded
-        raise
-    finally:
-        processes.stop(grace_s)
-        events.close()
-        records.close()
-        if result is None or result == STOPPED_AT_ONCE:  # its session may not have stopped its actors
-            _stop_actors(scheduler_address, channels, spec.actors.n_actors, log)
-    if result is None:
-        raise RuntimeError(processes.death())
-    return result
+    return processes, events, stop
 
 
 def _stop_actors(scheduler_address: str, channels: Channels, n_actors: int, log) -> None:
@@ -165,8 +195,8 @@ class _Events:
         self._events.put(("eval", fields))
 
 
-def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, events, stop,
-                  environ: dict[str, str]) -> None:
+def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, environ: dict[str, str],
+                  events, stop) -> None:
     """Process 0 of the learner: runs the session; `environ` joins it to the other processes."""
     # Terminated (a second Ctrl-C): unwind, so the session stops its actors and closes its
     # checkpoints, and the pid file goes.

@@ -108,7 +108,8 @@ def test_hosts_must_split_every_minibatch_evenly():
     assert str(e.value.issues[0]).startswith("learner.hosts (line 1): a batch's 32 rows")
     with pytest.raises(SpecError) as e:
         parse_spec("learner: {cluster: slurm}\n")
-    assert str(e.value.issues[0]).startswith("learner.cluster (line 1):")
+    assert str(e.value.issues[0]).startswith("learner.cluster (line 1): Value error, must be \"local\", a scheduler")
+    assert parse_spec("learner: {cluster: 'tcp://10.0.0.1:8786'}\n").learner.cluster == "tcp://10.0.0.1:8786"
 
 
 def test_spec_is_frozen():
@@ -183,7 +184,8 @@ def _issues(text, overrides=()):
 def test_importable_entrypoint_filter_and_cluster_class_validate(user_module):
     spec = parse_spec(f"env: {{entrypoint: '{user_module}:Env'}}\n"
                       f"buffer: {{filters: [zero_variance, '{user_module}:keep']}}\n"
-                      "actors: {cluster: 'distributed:LocalCluster'}\n")
+                      "actors: {cluster: 'distributed:LocalCluster'}\n"
+                      "learner: {cluster: 'distributed:LocalCluster', cluster_kwargs: {resources: {learner: 1}}}\n")
     assert spec.buffer.filters == ("zero_variance", f"{user_module}:keep")
 
 
@@ -215,6 +217,8 @@ def test_cluster_class_that_cannot_be_loaded():
     issues = _issues(f"name: x\nactors:\n  cluster: '{name}'\n")
     assert len(issues) == 1 and issues[0].startswith(f"actors.cluster (line 3): cannot import cluster class '{name}'")
     assert _issues("name: x\n", [f"actors.cluster={name}"])[0].startswith("actors.cluster (--set): cannot import")
+    issues = _issues(f"name: x\nlearner:\n  hosts: 2\n  cluster: '{name}'\n")
+    assert len(issues) == 1 and issues[0].startswith(f"learner.cluster (line 4): cannot import cluster class '{name}'")
 
 
 @pytest.mark.parametrize("content, message", [
