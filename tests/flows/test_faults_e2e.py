@@ -67,6 +67,7 @@ def test_killed_learner_is_retried_by_prefect_and_resumes(prefect_api, tmp_path)
     assert accounting["consumed"] == steps * 4 and balanced(accounting)  # none twice, none lost
 
 
+@pytest.mark.slow  # 51 s on 2 cores: CI's time (README, "The two commands")
 def test_killed_worker_is_replaced_and_its_prompts_regenerated(prefect_api, tmp_path):
     run_dir, steps = tmp_path / "run", 32
     # Slow steps keep every actor inside a group, so the killed one surely holds an attempt.
@@ -101,6 +102,7 @@ def test_hanging_environment_times_out_and_its_prompt_is_retried(prefect_api, tm
     assert "timeout after 1.0s" in output
 
 
+@pytest.mark.slow  # 63 s on 2 cores: CI's time (README, "The two commands")
 @pytest.mark.timeout(420)
 def test_a_failure_relaying_to_prefect_stops_the_actors_and_the_retry_trains(prefect_api, dask_cluster, tmp_path,
                                                                             monkeypatch):
@@ -159,6 +161,7 @@ def test_observations_outside_the_alphabet_stop_the_run_with_one_clear_error(pre
     assert "resumed from" not in output and output.count("learner session") <= 1, "the learner task was retried"
 
 
+@pytest.mark.slow  # 74 s on 2 cores: CI's time (README, "The two commands")
 def test_a_torn_metrics_line_and_a_damaged_checkpoint_are_survived_on_resume(prefect_api, tmp_path):
     """A disk that filled (or a power loss) tore the last line of metrics.jsonl and cut the
     latest checkpoint's array short; every resume used to fail."""

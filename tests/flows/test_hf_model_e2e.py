@@ -33,6 +33,7 @@ def save_checkpoint(path):
         {"eos_token": "<|im_end|>", "bos_token": None, "chat_template": TEMPLATE}))
 
 
+@pytest.mark.slow  # 63 s on 2 cores: CI's time (README, "The two commands")
 def test_spec_with_a_hugging_face_checkpoint_trains(prefect_api, tmp_path):
     checkpoint, run_dir = tmp_path / "tiny-llama", tmp_path / "run"
     checkpoint.mkdir()

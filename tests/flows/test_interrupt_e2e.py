@@ -124,6 +124,7 @@ def test_ctrl_c_stops_on_a_checkpoint_and_the_printed_command_resumes_it(prefect
     assert balanced(accounting) and accounting["consumed"] == target * 4
 
 
+@pytest.mark.slow  # 70 s on 2 cores: CI's time (README, "The two commands")
 def test_a_second_ctrl_c_stops_at_once_and_leaves_nothing_behind(prefect_api, tmp_path):
     run_dir = tmp_path / "run"
     terminal = start(run_dir)

@@ -52,6 +52,7 @@ def learner_pool(tmp_path):
                 process.wait()
 
 
+@pytest.mark.slow  # 69 s on 2 cores: CI's time (README, "The two commands")
 def test_two_hosts_on_dask_workers_train_as_one_process_with_the_same_devices(prefect_api, learner_pool, tmp_path):
     runs = {}
     for hosts, placement, per_host in ((1, [], 4), (2, ["--set", f"learner.cluster={learner_pool}"], 2)):

@@ -52,6 +52,7 @@ def final_params(run_dir, version: int) -> list[np.ndarray]:
     return [np.asarray(leaf) for leaf in jax.tree.leaves(state.params)]
 
 
+@pytest.mark.slow  # 57 s on 2 cores: CI's time (README, "The two commands")
 def test_two_hosts_train_as_one_with_the_same_devices(prefect_api, tmp_path):
     runs = {}
     for hosts, per_host in ((1, 4), (2, 2)):
