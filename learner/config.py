@@ -14,6 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 PRINTABLE_ASCII = string.digits + string.ascii_letters + string.punctuation + " \n\t"
 
 
+def cluster_placement(cluster: str) -> str:
+    """A `cluster` field's value (the learner's or the actors'), checked: "local", a
+    scheduler address, or a cluster class as "module:Class"."""
+    if cluster != "local" and "://" not in cluster and ":" not in cluster:
+        raise ValueError('must be "local", a scheduler address such as "tcp://host:8786", '
+                         'or a cluster class such as "dask_jobqueue:SLURMCluster"')
+    return cluster
+
+
 class Frozen(BaseModel):
     """Base of every spec section: immutable, unknown keys rejected."""
 
@@ -199,10 +208,7 @@ class LearnerConfig(Frozen):
     @field_validator("cluster")
     @classmethod
     def _cluster(cls, cluster: str) -> str:
-        if cluster != "local" and "://" not in cluster and ":" not in cluster:
-            raise ValueError('must be "local", a scheduler address such as "tcp://host:8786", '
-                             'or a cluster class such as "dask_jobqueue:SLURMCluster"')
-        return cluster
+        return cluster_placement(cluster)
 
     @model_validator(mode="after")
     def _rows_split_into_minibatches(self) -> "LearnerConfig":

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import (Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator,
                       model_validator)
 
-from learner.config import Frozen
+from learner.config import Frozen, cluster_placement
 
 class EnvConfig(Frozen):
     """The environment: a built-in name or "package.module:Class", constructed as Class(**kwargs)."""
@@ -61,10 +61,7 @@ class ActorsConfig(Frozen):
     @field_validator("cluster")
     @classmethod
     def _cluster(cls, cluster: str) -> str:
-        if cluster != "local" and "://" not in cluster and ":" not in cluster:
-            raise ValueError('must be "local", a scheduler address such as "tcp://host:8786", '
-                             'or a cluster class such as "dask_jobqueue:SLURMCluster"')
-        return cluster
+        return cluster_placement(cluster)
 
     @property
     def n_actors(self) -> int:
