@@ -5,6 +5,7 @@ the run's `actors` section; prints the scores as a table and writes it to
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tasks.actors.envs import resolve_entrypoint
 from tasks.eval.play import EvalSetup
 from tasks.eval.prompts import eval_prompts
 from tasks.eval.results import best_version, read_scores
-from tasks.eval.task import EvalTarget, evaluate_version
+from tasks.eval.task import EvalCluster, EvalTarget, evaluate_version
 from tasks.records.episodes import EVAL_DIRECTORY, read_episodes
 from tasks.runtime.version_weights import available_versions, version_weights
 
@@ -33,11 +34,11 @@ def evaluate_run(spec: Spec, versions: list[int]) -> list[dict]:
     prompts = eval_prompts(spec.eval, resolve_entrypoint(spec.env.entrypoint), spec.env.kwargs)
     setup = EvalSetup(spec.eval, spec.env, spec.actors, spec.model, tuple(prompts))
     lines = []
-    with actor_cluster(spec.actors) as address:
+    with actor_cluster(spec.actors) as address, contextlib.closing(EvalCluster(address)) as cluster:
         for version in versions:
             params, step, checkpoint = version_weights(spec, version)
             target = EvalTarget(spec.name, run_dir, version, step, checkpoint)
-            lines.append(evaluate_version(setup, address, target, params_to_bytes(params)))
+            lines.append(evaluate_version(setup, cluster, target, params_to_bytes(params)))
     return lines
 
 

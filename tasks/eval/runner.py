@@ -15,7 +15,7 @@ from tensorboardX import SummaryWriter
 
 from learner.serialization import params_to_bytes
 from tasks.eval.play import EvalSetup
-from tasks.eval.task import EvalTarget, evaluate_version
+from tasks.eval.task import EvalCluster, EvalTarget, evaluate_version
 from tasks.records.tensorboard import add_eval
 
 
@@ -24,7 +24,8 @@ class Evaluations:
 
     def __init__(self, setup: EvalSetup, scheduler_address: str, *, run_name: str, run_dir: Path, log,
                  concurrency: int = 1):
-        self.setup, self.address, self.run_name, self.run_dir, self.log = setup, scheduler_address, run_name, run_dir, log
+        self.setup, self.run_name, self.run_dir, self.log = setup, run_name, run_dir, log
+        self.cluster = EvalCluster(scheduler_address)
         # One at a time per actor process: each has one thread beside its actor task.
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="tandem-eval")
         self._pending: dict[int, concurrent.futures.Future] = {}
@@ -37,7 +38,7 @@ class Evaluations:
         self._pending[version] = self._pool.submit(context.run, self._evaluate, target, params)
 
     def _evaluate(self, target: EvalTarget, params: Any) -> dict:
-        return evaluate_version(self.setup, self.address, target, params_to_bytes(params))
+        return evaluate_version(self.setup, self.cluster, target, params_to_bytes(params))
 
     def finished(self, wait_s: float | None = 0.0) -> list[dict]:
         """The scores lines of the evaluations done (waiting up to `wait_s` for all; None:
@@ -61,5 +62,6 @@ class Evaluations:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.cluster.close()
         if self._tensorboard is not None:
             self._tensorboard.close()

@@ -9,6 +9,7 @@ evaluation never fails training.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 from distributed import Client
@@ -34,7 +35,30 @@ class EvalTarget:
     checkpoint: Path | None  # the version's checkpoint, if it has one
 
 
-def evaluate_version(setup: EvalSetup, scheduler_address: str, target: EvalTarget, params_bytes: bytes) -> dict:
+class EvalCluster:
+    """The actors' cluster as the evaluations of a run reach it: one Dask client for all
+    of them, connected at the first. A client per evaluation cost a handshake with the
+    scheduler each time, in the process that also serves the buffer."""
+
+    def __init__(self, scheduler_address: str):
+        self.address = scheduler_address
+        self._client: Client | None = None
+        self._lock = threading.Lock()
+
+    def client(self) -> Client:
+        with self._lock:
+            if self._client is None:
+                self._client = Client(self.address, timeout=SCHEDULER_TIMEOUT_S, set_as_default=False)
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+def evaluate_version(setup: EvalSetup, cluster: EvalCluster, target: EvalTarget, params_bytes: bytes) -> dict:
     """Evaluates `params_bytes` (the version's weights, safetensors) as a task run named
     `eval-v{N}`; returns its scores line (`tasks.eval.results`)."""
     path = result_path(target.run_dir, target.version)
@@ -46,7 +70,7 @@ def evaluate_version(setup: EvalSetup, scheduler_address: str, target: EvalTarge
     @materialize(asset, asset_deps=[asset_key(upstream)], cache_policy=NO_CACHE, persist_result=False,
                  task_run_name=f"eval-v{target.version}", retries=setup.eval.retries, retry_delay_seconds=2)
     def evaluate() -> dict:
-        outcome = play_on_cluster(setup, scheduler_address, params_bytes, target.version)
+        outcome = play_on_cluster(setup, cluster, params_bytes, target.version)
         line = record_eval(target.run_dir, version=target.version, step=target.step,
                            checkpoint=target.checkpoint, outcome=outcome, params_bytes=params_bytes)
         asset.add_metadata(line)
@@ -55,10 +79,15 @@ def evaluate_version(setup: EvalSetup, scheduler_address: str, target: EvalTarge
     return evaluate()
 
 
-def play_on_cluster(setup: EvalSetup, scheduler_address: str, params_bytes: bytes, version: int) -> dict:
+def play_on_cluster(setup: EvalSetup, cluster: EvalCluster, params_bytes: bytes, version: int) -> dict:
     """`play_eval` on a worker of the cluster (beside its actor task: a local cluster's
-    workers have a thread for such work), the weights sent to it directly."""
-    with Client(scheduler_address, timeout=SCHEDULER_TIMEOUT_S, set_as_default=False) as client:
-        data = client.scatter(params_bytes, direct=True)
-        future = client.submit(play_eval, setup, data, version, pure=False)
+    workers have a thread for such work), the weights sent to it directly (unhashed: each
+    version's are new, and hashing them cost the scheduler's process ~15 ms a time)."""
+    client = cluster.client()
+    data = client.scatter(params_bytes, direct=True, hash=False)
+    future = client.submit(play_eval, setup, data, version, pure=False)
+    try:
         return future.result(timeout=RESULT_TIMEOUT_S)
+    finally:
+        future.release()
+        data.release()

@@ -35,7 +35,7 @@ def evaluations(tmp_path: Path, log: Log, retries: int) -> Evaluations:
 def scripted(monkeypatch, failures: int) -> list:
     calls = []
 
-    def play_on_cluster(setup, address, params_bytes, version):
+    def play_on_cluster(setup, cluster, params_bytes, version):
         calls.append(version)
         if len(calls) <= failures:
             raise ConnectionError("worker lost")

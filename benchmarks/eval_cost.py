@@ -1,0 +1,136 @@
+"""(i) Evaluation's cost beside training: the learner's step rate of the default spec with
+and without `eval.every`, alternated, and the CPU time each process of the run spent
+(the flow and its task, the learner process, the actors' workers, the Prefect server),
+so that the difference says where an evaluation's cost goes. Usage:
+
+    python benchmarks/eval_cost.py [--runs 2] [--steps 150] [--every 5] [--frozen] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from harness import ROOT, TANDEM, emit, run_tandem
+
+SPEC = "specs/guess-number.yaml"
+FROM_STEP = 60  # the steady part: compiles and the first evaluations' are behind
+
+
+def _kind(process: psutil.Process) -> str:
+    command = " ".join(process.cmdline())
+    if "prefect" in command and "server" in command:
+        return "prefect server"
+    if TANDEM in command or command.endswith(" run " + SPEC):
+        return "flow"
+    if "spawn_main" in command:
+        return "spawned"  # the learner process and the cluster's workers, told apart below
+    return "other"
+
+
+class CpuMeter:
+    """Samples the CPU seconds spent by every process of the machine that belongs to the
+    run: `tandem run`'s tree and the Prefect server it uses (its share since the start)."""
+
+    def __init__(self):
+        self._kinds: dict[int, str] = {}
+        self.spent: dict[int, float] = {}  # CPU seconds since the meter started, by process
+        self._start: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._before = {p.pid for p in psutil.process_iter()}
+        self._server = next((p.pid for p in psutil.process_iter() if _kind(p) == "prefect server"), None)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            for process in psutil.process_iter():
+                try:
+                    kind = self._kinds.get(process.pid) or self._classify(process)
+                    if kind is None:
+                        continue
+                    self._kinds[process.pid] = kind
+                    times = process.cpu_times()
+                    seconds = times.user + times.system
+                    self._start.setdefault(process.pid, seconds if process.pid in self._before else 0.0)
+                    self.spent[process.pid] = seconds - self._start[process.pid]
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+
+    def _classify(self, process: psutil.Process) -> str | None:
+        """The process's part in the run, or None if it has none (yet). The learner process
+        and the Dask workers are both spawned by the flow: the learner is the one writing
+        TensorBoard events (from its first step), a worker one that listens and has not
+        written them 20 s after it began."""
+        if process.pid in self._before and process.pid != self._server:
+            return None
+        kind = _kind(process)
+        if kind == "spawned":
+            if any("tfevents" in f.path for f in process.open_files()):
+                return "learner"
+            listens = any(c.status == psutil.CONN_LISTEN for c in process.net_connections("tcp"))
+            return "workers" if listens and process.create_time() < time.time() - 20 else None
+        return None if kind == "other" else kind
+
+    def by_kind(self) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        for pid, seconds in self.spent.items():
+            totals[self._kinds[pid]] += seconds
+        return dict(totals)
+
+
+def one_run(every: int | None, steps: int, work: Path, frozen: bool) -> dict:
+    overrides = ["learner.stop_at_success=null", f"learner.steps={steps}"]
+    if frozen:  # the policy barely moves: every step plays alike, and the runs differ only by the evaluations
+        overrides.append("learner.optimizer.lr=1e-9")
+    if every is not None:
+        overrides.append(f"eval.every={every}")
+    with CpuMeter() as meter:
+        result = run_tandem(SPEC, overrides, work, cores=None, budget_s=900)
+    records = [r for r in result.records if r["step"] >= FROM_STEP]
+    wall = records[-1]["time"] - records[0]["time"]
+    evals = sum(1 for line in (work / "metrics.jsonl").read_text().splitlines() if '"eval"' in line)
+    cpu = meter.by_kind()
+    return {"eval.every": every or "off", "steps/s": (len(records) - 1) / wall,
+            "busy": float(np.mean([r["train_s"] for r in records[1:]]) * (len(records) - 1) / wall),
+            "evals": evals, **{f"cpu {k} s": round(v, 1) for k, v in sorted(cpu.items())},
+            "cpu all s": round(sum(cpu.values()), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=2, help="runs of each setting, alternated")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--frozen", action="store_true",
+                        help="learning rate 1e-9: the same work every step, so that the runs differ in "
+                             "the evaluations only (a learning run's step rate varies with its success)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "eval_cost.json")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tandem-eval-cost-") as tmp:
+        for i in range(args.runs):
+            for every in ((None, args.every) if i % 2 == 0 else (args.every, None)):  # neither always first
+                rows.append(one_run(every, args.steps, Path(tmp) / f"{every or 'off'}-{i}", args.frozen))
+                print(rows[-1], flush=True)
+                time.sleep(2)
+    emit(f"Evaluation's cost: steps {FROM_STEP}-{args.steps} of {SPEC}{' (frozen policy)' if args.frozen else ''}, "
+         f"eval off and every {args.every}", rows, args.out, frozen=args.frozen)
+
+
+if __name__ == "__main__":
+    main()
