@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-
 from harness import ROOT, TANDEM, emit, run_tandem
 
 SPEC = "specs/guess-number.yaml"
