@@ -15,9 +15,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import psutil
-from harness import ROOT, TANDEM, emit, run_tandem
+from harness import ROOT, TANDEM, emit, run_tandem, steady_rates
 
 SPEC = "specs/guess-number.yaml"
 FROM_STEP = 60  # the steady part: compiles and the first evaluations' are behind
@@ -27,7 +26,7 @@ def _kind(process: psutil.Process) -> str:
     command = " ".join(process.cmdline())
     if "prefect" in command and "server" in command:
         return "prefect server"
-    if TANDEM in command or command.endswith(" run " + SPEC):
+    if TANDEM in command:
         return "flow"
     if "spawn_main" in command:
         return "spawned"  # the learner process and the cluster's workers, told apart below
@@ -105,7 +104,7 @@ def one_run(every: int | None, steps: int, work: Path, frozen: bool) -> dict:
     evals = sum(1 for line in (work / "metrics.jsonl").read_text().splitlines() if '"eval"' in line)
     cpu = meter.by_kind()
     return {"eval.every": every or "off", "steps/s": (len(records) - 1) / wall,
-            "busy": float(np.mean([r["train_s"] for r in records[1:]]) * (len(records) - 1) / wall),
+            "busy": steady_rates(records, skip=1)["busy"],
             "evals": evals, **{f"cpu {k} s": round(v, 1) for k, v in sorted(cpu.items())},
             "cpu all s": round(sum(cpu.values()), 1)}
 
