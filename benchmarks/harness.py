@@ -139,18 +139,23 @@ class RunResult:
 
 def run_tandem(spec: str, overrides: list[str], run_dir: Path, *, cores: set[int] | None,
                budget_s: float, stop: Callable[[list[dict]], bool] = lambda records: False,
-               markers: tuple[str, ...] = (), startup_s: float = 300.0) -> RunResult:
+               markers: tuple[str, ...] = (), startup_s: float = 300.0, tree: Path = ROOT) -> RunResult:
     """Runs `tandem run` on `cores` until it exits, `stop(records)`, `budget_s` passes after
-    its first step, or `startup_s` passes before it.
+    its first step, or `startup_s` passes before it; `tree`: another checkout's code (a git
+    worktree) run with this one's environment, its spec paths relative to it.
 
     A run stopped early is killed with its process group (flow and learner process);
     its Dask actors die with the pool the caller gives each run.
     """
-    command = [TANDEM, "run", spec, *[a for o in overrides for a in ("--set", o)],
+    launcher, env = [TANDEM], None
+    if tree != ROOT:  # its modules first on the path, in the flow and in the processes it spawns
+        launcher = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+    command = [*launcher, "run", spec, *[a for o in overrides for a in ("--set", o)],
                "--set", f"checkpoint.dir={run_dir}"]
     preexec = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     launched = time.time()
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True, preexec_fn=preexec)
     marks: dict[str, float] = {}
     log = run_dir.parent / f"{run_dir.name}.log"

@@ -92,15 +92,19 @@ class Engine:
     """Decodes every admitted request in one batch of `slots` rows (module docstring)."""
 
     def __init__(self, config: ModelConfig, *, slots: int, sampling: SamplingParams,
-                 stop_ids: tuple[int, ...], check_every: int = 16):
+                 stop_ids: tuple[int, ...], check_every: int = 16, greedy: bool = False):
         """Args: config: the policy's model; slots: rows decoded together; sampling: how
         tokens are drawn; stop_ids: tokens that end a request (kept); check_every:
-        decode steps between the points where followers switch to newer weights."""
+        decode steps between the points where followers switch to newer weights; greedy:
+        the likeliest token instead of a draw (log-probs still under `sampling`), sharing
+        the compiled decode of an engine that samples with `sampling` (an evaluation
+        beside the actor in its process compiles nothing new)."""
         if slots < 1 or check_every < 1:
             raise ValueError(f"slots ({slots}) and check_every ({check_every}) must be >= 1")
         if not all(0 <= t < config.vocab_size for t in stop_ids):
             raise ValueError(f"stop ids {stop_ids} must be in [0, {config.vocab_size})")
         self.max_len, self.sampling, self.check_every = config.max_len, sampling, check_every
+        self._greedy = jnp.asarray(greedy)
         self._extend = extend_fn(config)
         self._stops_v = jnp.asarray(np.isin(np.arange(config.vocab_size), stop_ids))
         self._state = empty_slots(config, slots)
@@ -274,7 +278,8 @@ class Engine:
         steps, taken = np.int32(self.check_every - self._clock % self.check_every), 0
         for version in np.unique(self._version_b[self._version_b >= 0]):
             self._state, n = decode(self._extend, self._params[version], self._state,
-                                    self._version_b == version, steps, self._stops_v, self.sampling)
+                                    self._version_b == version, steps, self._stops_v, self.sampling,
+                                    self._greedy)
             taken = max(taken, int(n))
         self._clock += taken  # never past the boundary, where every call stops
         self._decoded = True

@@ -71,7 +71,7 @@ def admit(extend: Extend, params: Params, state: Slots, slots_k: jax.Array, new:
 
 @functools.partial(jax.jit, static_argnames=("extend", "sampling"), donate_argnames=("state",))
 def decode(extend: Extend, params: Params, state: Slots, rows_b: jax.Array, steps: jax.Array,
-           stops_v: jax.Array, sampling: SamplingParams) -> tuple[Slots, jax.Array]:
+           stops_v: jax.Array, sampling: SamplingParams, greedy: jax.Array) -> tuple[Slots, jax.Array]:
     """Samples up to `steps` tokens for the rows in `rows_b`, returning once one of them finishes.
 
     A step samples from the current next-token logits and runs the model over one
@@ -85,13 +85,15 @@ def decode(extend: Extend, params: Params, state: Slots, rows_b: jax.Array, step
       rows_b: bool [B] the rows to decode (those of one weights version).
       steps: int32 scalar, traced, so every chunk length shares one compile.
       stops_v: bool [V] the tokens that end a row (kept, like eos); sampling: how to draw.
+      greedy: bool scalar, traced: the likeliest token instead of a draw, so that a greedy
+        engine shares the compile of one that samples with `sampling`.
 
     Returns:
       (the state after the last step, the number of steps taken).
     """
     def step(carry):
         i, s, live_b, _ = carry
-        token_b, logp_b = _sample(s, sampling)
+        token_b, logp_b = _sample(s, sampling, greedy)
         s, finished_b = _append(s, token_b, logp_b, live_b, stops_v)
         live_b = live_b & ~finished_b
         s = jax.lax.cond(jnp.any(live_b), lambda: _extend(extend, params, s, token_b, live_b), lambda: s)
@@ -105,12 +107,14 @@ def decode(extend: Extend, params: Params, state: Slots, rows_b: jax.Array, step
     return state, i
 
 
-def _sample(state: Slots, sampling: SamplingParams) -> tuple[jax.Array, jax.Array]:
-    """Each row's next token, drawn with fold_in(its key, its index), and that token's log-prob."""
+def _sample(state: Slots, sampling: SamplingParams, greedy: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each row's next token, drawn with fold_in(its key, its index) or the likeliest
+    (`greedy`), and that token's log-prob under `sampling`."""
     logp_bv = sampling_logprobs(state.next_logits_bv, sampling)
     index_b = state.rows.lengths - state.rows.first
     keys_b = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(state.rows.keys), index_b)
-    token_b = jax.vmap(jax.random.categorical)(keys_b, logp_bv).astype(jnp.int32)
+    drawn_b = jax.vmap(jax.random.categorical)(keys_b, logp_bv)
+    token_b = jnp.where(greedy, jnp.argmax(logp_bv, axis=-1), drawn_b).astype(jnp.int32)
     return token_b, jnp.take_along_axis(logp_bv, token_b[:, None], axis=1)[:, 0]
 
 

@@ -126,8 +126,8 @@ class EvalConfig(Frozen):
       k: episodes per prompt; sampled with k > 1 reports pass@k (Chen et al. 2021).
       temperature: of sampled decoding.
       slots: decode slots of the eval's engine; None: actors.slots, so that it shares the
-        prefill shapes the actor's engine compiled in the same process (only its decode,
-        which differs in sampling, compiles anew).
+        shapes the actor's engine compiled in the same process: a greedy eval compiles
+        nothing new (a sampled one its decode, unless its temperature is the actors').
       retries: Prefect retries of a failed evaluation (a failure never fails training).
     """
 

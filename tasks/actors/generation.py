@@ -25,11 +25,15 @@ from tasks.background import Background
 from tasks.config import ActorsConfig
 
 
+def actor_sampling(actors: ActorsConfig) -> SamplingParams:
+    """How the actors draw tokens (the behaviour policy)."""
+    return SamplingParams(actors.temperature, actors.top_k, actors.top_p)
+
+
 def make_engine(model: ModelConfig, actors: ActorsConfig) -> Engine:
     """The batched engine of an actor process, as the spec sets it."""
     return Engine(model, slots=actors.slots, stop_ids=make_tokenizer(model).stop_ids,
-                  sampling=SamplingParams(actors.temperature, actors.top_k, actors.top_p),
-                  check_every=actors.sync_check_tokens)
+                  sampling=actor_sampling(actors), check_every=actors.sync_check_tokens)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from learner.sampling import SamplingParams
 from learner.serialization import params_from_bytes
 from learner.trajectory import Group
 from tasks.actors.envs import resolve_entrypoint
-from tasks.actors.generation import GenerationService
+from tasks.actors.generation import GenerationService, actor_sampling
 from tasks.actors.rollout import GroupRunner
 from tasks.config import ActorsConfig, EnvConfig, EvalConfig
 from tasks.eval.scores import score
@@ -38,9 +38,13 @@ class EvalSetup:
     prompts: tuple[str, ...]
 
     @property
+    def greedy(self) -> bool:
+        return self.eval.decoding == "greedy"
+
+    @property
     def sampling(self) -> SamplingParams:
-        if self.eval.decoding == "greedy":
-            return SamplingParams(top_k=1)  # the likeliest token, whatever the key
+        if self.greedy:  # the likeliest token is drawn whatever the sampling: the actors', whose
+            return actor_sampling(self.actors)  # decode the worker has compiled already
         return SamplingParams(temperature=self.eval.temperature)
 
 
@@ -50,7 +54,7 @@ def play_eval(setup: EvalSetup, params_bytes: bytes, version: int) -> dict:
     start = time.perf_counter()
     tokenizer = make_tokenizer(setup.model)
     engine = Engine(setup.model, slots=setup.eval.slots or setup.actors.slots, sampling=setup.sampling,
-                    stop_ids=tokenizer.stop_ids, check_every=setup.actors.sync_check_tokens)
+                    stop_ids=tokenizer.stop_ids, check_every=setup.actors.sync_check_tokens, greedy=setup.greedy)
     service = GenerationService(engine).start()
     service.load(version, params_from_bytes(params_bytes))
     try:

@@ -108,6 +108,19 @@ def test_greedy_sampling_takes_the_full_forward_argmax(params):
         np.testing.assert_allclose(c.logprobs, 0, atol=1e-6)  # all the mass on the one token kept
 
 
+def test_a_greedy_engine_takes_the_argmax_and_shares_the_sampling_engines_decode(params):
+    requests = _requests(4, seed=5)
+    _run(_engine(params[0], slots=SLOTS), requests)  # the sampling engine's decode, compiled
+    compiled = decode._cache_size()
+    engine = Engine(CONFIG, slots=SLOTS, sampling=SAMPLING, stop_ids=(), greedy=True)
+    engine.load(0, params[0])
+    for request, c in zip(requests, _run(engine, requests)):
+        logp = _next_token_logp(params[0], request.tokens, c.tokens)
+        np.testing.assert_array_equal(c.tokens, np.argmax(logp, -1))
+        np.testing.assert_allclose(c.logprobs, logp[np.arange(len(c.tokens)), c.tokens], atol=1e-5)
+    assert decode._cache_size() == compiled  # an eval beside an actor compiles no decode of its own
+
+
 def test_more_requests_than_slots_are_admitted_as_slots_free(params):
     engine = _engine(params[0], slots=SLOTS)
     requests = _requests(20, seed=2)
