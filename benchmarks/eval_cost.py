@@ -3,7 +3,7 @@ and without `eval.every`, alternated, and the CPU time each process of the run s
 (the flow and its task, the learner process, the actors' workers, the Prefect server),
 so that the difference says where an evaluation's cost goes. Usage:
 
-    python benchmarks/eval_cost.py [--runs 2] [--steps 150] [--every 5] [--frozen] [--out PATH]
+    python benchmarks/eval_cost.py [--runs 2] [--steps 150] [--every 5] [--frozen] [--pinned] [--out PATH]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import psutil
-from harness import ROOT, TANDEM, emit, run_tandem, steady_rates
+from harness import ROOT, TANDEM, actor_pool, emit, run_tandem, split_cores, steady_rates
 
 SPEC = "specs/guess-number.yaml"
 FROM_STEP = 60  # the steady part: compiles and the first evaluations' are behind
@@ -28,6 +28,8 @@ def _kind(process: psutil.Process) -> str:
         return "prefect server"
     if TANDEM in command:
         return "flow"
+    if "dask worker" in command or "dask scheduler" in command:  # --pinned: started by the benchmark
+        return "workers" if "worker" in command else "scheduler"
     if "spawn_main" in command:
         return "spawned"  # the learner process and the cluster's workers, told apart below
     return "other"
@@ -91,14 +93,20 @@ class CpuMeter:
         return dict(totals)
 
 
-def one_run(every: int | None, steps: int, work: Path, frozen: bool) -> dict:
+def one_run(every: int | None, steps: int, work: Path, frozen: bool, pinned: bool) -> dict:
     overrides = ["learner.stop_at_success=null", f"learner.steps={steps}"]
     if frozen:  # the policy barely moves: every step plays alike, and the runs differ only by the evaluations
         overrides.append("learner.optimizer.lr=1e-9")
     if every is not None:
         overrides.append(f"eval.every={every}")
     with CpuMeter() as meter:
-        result = run_tandem(SPEC, overrides, work, cores=None, budget_s=900)
+        if pinned:  # as on a cluster: the flow and learner on a core, the actors on the other(s)
+            learner_cores, actor_cores = split_cores()
+            with actor_pool(actor_cores) as address:
+                result = run_tandem(SPEC, [*overrides, f"actors.cluster={address}"], work, cores=learner_cores,
+                                    budget_s=900)
+        else:
+            result = run_tandem(SPEC, overrides, work, cores=None, budget_s=900)
     records = [r for r in result.records if r["step"] >= FROM_STEP]
     wall = records[-1]["time"] - records[0]["time"]
     evals = sum(1 for line in (work / "metrics.jsonl").read_text().splitlines() if '"eval"' in line)
@@ -117,17 +125,22 @@ def main() -> None:
     parser.add_argument("--frozen", action="store_true",
                         help="learning rate 1e-9: the same work every step, so that the runs differ in "
                              "the evaluations only (a learning run's step rate varies with its success)")
+    parser.add_argument("--pinned", action="store_true",
+                        help="the flow and learner on one core, the actors (a Dask scheduler and worker "
+                             "started here) on the others, as on a cluster")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "eval_cost.json")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="tandem-eval-cost-") as tmp:
         for i in range(args.runs):
             for every in ((None, args.every) if i % 2 == 0 else (args.every, None)):  # neither always first
-                rows.append(one_run(every, args.steps, Path(tmp) / f"{every or 'off'}-{i}", args.frozen))
+                rows.append(one_run(every, args.steps, Path(tmp) / f"{every or 'off'}-{i}", args.frozen,
+                                    args.pinned))
                 print(rows[-1], flush=True)
                 time.sleep(2)
     emit(f"Evaluation's cost: steps {FROM_STEP}-{args.steps} of {SPEC}{' (frozen policy)' if args.frozen else ''}, "
-         f"eval off and every {args.every}", rows, args.out, frozen=args.frozen)
+         f"eval off and every {args.every}{', pinned' if args.pinned else ''}", rows, args.out,
+         frozen=args.frozen, pinned=args.pinned)
 
 
 if __name__ == "__main__":

@@ -100,8 +100,10 @@ def main() -> None:
             spec, seeds = f"specs/{name}.yaml", args.seeds or SEEDS.get(cell, 3)
             for mode in args.modes:
                 overrides, advice = recommended(spec, mode, float(latency), args.set)
-                runs = [one_run(spec, [*overrides, *args.set], seed, args.cap, args.target, cores,
-                                Path(work) / cell / mode) for seed in range(seeds)]
+                # The audit's overrides set the pool and pace only: the cell's latency is the run's own.
+                run_overrides = [*overrides, f"env.latency_s={latency}", *args.set]
+                runs = [one_run(spec, run_overrides, seed, args.cap, args.target, cores, Path(work) / cell / mode)
+                        for seed in range(seeds)]
                 rows.append(summary(cell, mode, runs, advice.get("staleness_updates")))
                 print(json.dumps({**rows[-1], "runs": runs}), flush=True)
             if args.floor and float(latency) == 0.0:

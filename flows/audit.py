@@ -27,9 +27,15 @@ for; with `on_sync: retract` a token waits on average for half its group's turns
 
     staleness ≈ rate · (f · T_g + queue) + (I − 1) / 2,   rate = U · busy / (U·s)
 
+With admission control (`buffer.admission`, budget k versions) no more than (k + 1)·G
+groups are open at once (G consumed per version), which caps `produced` and so the rate.
+
 So the audit recommends, for async, the fewest groups at once that keep the learner fed
-(more only queue up, staler), a buffer of one batch, a version every step where publishing
-is cheap, and `retract`; for sync, enough groups at once to play a batch in one wave.
+(more only queue up, staler) but no more than a staleness budget of `STALENESS_BUDGET`
+updates admits: in a slow environment feeding a fast learner in full makes every token
+tens of updates stale, and learning per step falls faster than the update rate rises. Also
+a buffer of one batch, a version every step where publishing is cheap, and `retract`; for
+sync, enough groups at once to play a batch in one wave.
 """
 
 from __future__ import annotations
@@ -49,6 +55,12 @@ SCHEDULER_OPS_PER_FLUSH = 2  # an actor's bundle of groups and its reports messa
 SCHEDULER_OPS_LIMIT = 1000  # per second: about where one Dask scheduler's event loop saturates
 PUBLISH_SHARE = 0.05  # the most of a step's time that publishing weights should cost
 HEADROOM = 1.15  # actors sized to produce this much more than the learner consumes
+# The staleness budget async runs are given (`buffer.admission`, in updates), the fastest
+# to 90% of those measured on guess-number at 0.5 s per env step (BENCHMARKS.md (j), seed
+# 0): a budget of 8 took 199 s (tokens ~3 updates stale), 16 took 159 s (~5), 32 took
+# 182 s (~10); fed in full (no budget, tokens ~66 stale) it was at 53% after 150 s.
+# Past ~16, learning per step falls faster than the update rate rises.
+STALENESS_BUDGET = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +74,7 @@ class Pool:
     updates_per_batch: int = 1  # learner.minibatches × learner.epochs
     capacity: int = 16
     retract: bool = True  # actors.on_sync: retract (tokens follow new versions) or not
+    admission: int | None = None  # buffer.max_staleness with buffer.admission on, else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +92,16 @@ def predict(m, pool: Pool) -> Prediction:
     """Rates, learner busy and staleness for measurements `m` (`tasks.measure.Measurements`)."""
     group_s, step = float(np.mean(m.group_s)), m.step_s * pool.updates_per_batch
     engine = pool.workers * m.actor_groups_per_s
-    produced = m.kept * min(pool.workers * pool.actors / group_s, engine)
+    at_once = pool.workers * pool.actors
+    if pool.admission is not None:  # no more open than the budget lets the learner take in time
+        per_version = groups_per_version(pool.batch_groups, pool.sync_interval, pool.updates_per_batch)
+        at_once = min(at_once, (pool.admission + 1) * per_version)
+    produced = m.kept * min(at_once / group_s, engine)
     overhead = _overhead(m, pool)
     consumed = pool.batch_groups / (step + overhead)
     fed = min(1.0, produced / consumed)
     busy_async = step / (step + overhead) * fed
-    waves = math.ceil(pool.batch_groups / max(m.kept * pool.workers * pool.actors, 1e-9))
+    waves = math.ceil(pool.batch_groups / max(m.kept * at_once, 1e-9))
     sync_play = max(waves * group_s, pool.batch_groups / max(m.kept * engine, 1e-9))
     rate = pool.updates_per_batch * busy_async / step  # updates per second
     # Groups wait in the buffer: a batch's worth while the learner is fed just in time, the
@@ -92,7 +109,7 @@ def predict(m, pool: Pool) -> Prediction:
     waiting = max(pool.capacity, pool.batch_groups) + pool.batch_groups if produced > consumed else pool.batch_groups
     queue_s = waiting / max(min(produced, consumed), 1e-9)
     # Under load a group also waits its turns in the engine: A groups at once take A / R seconds each.
-    in_flight = (0.5 if pool.retract else 1.0) * max(group_s, pool.actors / m.actor_groups_per_s)
+    in_flight = (0.5 if pool.retract else 1.0) * max(group_s, at_once / pool.workers / m.actor_groups_per_s)
     staleness = rate * (in_flight + queue_s) + (pool.sync_interval - 1) / 2
     flushes = pool.workers / 0.01  # an actor flushes what finished every 10 ms, when anything did
     return Prediction(produced=produced, consumed=consumed, busy_async=busy_async,
@@ -113,7 +130,7 @@ class Recommendation:
     buckets: tuple[int, ...]
     busy: float  # predicted with these settings
     staleness_updates: float  # predicted mean, async (0 in sync mode)
-    max_staleness: int | None  # the exit check's budget, in versions
+    max_staleness: int | None  # the staleness budget, in versions: admission's and the exit check's
     why: tuple[str, ...]
 
     @property
@@ -124,7 +141,7 @@ class Recommendation:
                f"learner.buckets=[{','.join(map(str, self.buckets))}]",
                f"learner.rows={'null' if self.rows is None else self.rows}",
                f"buffer.max_staleness={'null' if self.max_staleness is None else self.max_staleness}"]
-        return out + (["actors.on_sync=retract"] if self.mode == "async" else [])
+        return out + (["actors.on_sync=retract", "buffer.admission=true"] if self.mode == "async" else [])
 
 
 def recommend(m, spec, mode: str, workers: int) -> Recommendation:
@@ -134,22 +151,25 @@ def recommend(m, spec, mode: str, workers: int) -> Recommendation:
     m = _packed(m, spec, rows, buckets)
     updates = learner.updates_per_batch
     interval = updates if mode == "sync" else max(1, math.ceil(m.publish_s / (PUBLISH_SHARE * m.step_s)))
+    admission = None if mode == "sync" else max(1, math.ceil(STALENESS_BUDGET / interval))  # in versions
     group_s, batch = float(np.mean(m.group_s)), learner.batch_groups
     if mode == "sync":  # a batch in one wave, with room for the groups the filters reject
         per_worker = math.ceil(batch * HEADROOM / max(m.kept, 0.1) / workers)
-    else:  # just enough to feed the learner: more only queue up, staler
+    else:  # just enough to feed the learner (more only queue up, staler), and no more than
+        # the staleness budget admits: past it, actors would hold groups they may not start
         needed = HEADROOM * batch / (m.step_s * updates + m.batch_s) / max(m.kept, 0.1)
-        per_worker = math.ceil(needed * group_s / workers)
+        admitted = HEADROOM * (admission + 1) * groups_per_version(batch, interval, updates) / max(m.kept, 0.1)
+        per_worker = math.ceil(min(needed * group_s, admitted) / workers)
     # No fewer than the audit measured the engine's throughput with: fewer may not fill it.
     per_worker = max(per_worker, actors.actors)
-    pool = Pool(workers, per_worker, batch, interval, updates, capacity=batch, retract=mode == "async")
+    pool = Pool(workers, per_worker, batch, interval, updates, capacity=batch, retract=mode == "async",
+                admission=admission)
     p = predict(m, pool)
     busy = p.busy_async if mode == "async" else p.busy_sync
     staleness = p.staleness_updates if mode == "async" else 0.0
-    budget = None if mode == "sync" else max(4, math.ceil(3 * p.staleness_versions))
     slots = _slots(per_worker * actors.group_size)
     return Recommendation(mode, workers, per_worker, slots, batch, interval, rows, buckets, busy, staleness,
-                          budget, _why(m, pool, p, mode, slots))
+                          admission, _why(m, pool, p, mode, slots))
 
 
 def _packed(m, spec, rows: int | None, buckets: tuple[int, ...]):
@@ -189,6 +209,10 @@ def _why(m, pool: Pool, p: Prediction, mode: str, slots: int) -> tuple[str, ...]
     if mode == "async":
         out.append(f"mean staleness ~{p.staleness_updates:.1f} optimizer updates ({p.staleness_versions:.1f} versions): "
                    "more groups at once would only wait in the buffer, staler")
+        per_version = groups_per_version(pool.batch_groups, pool.sync_interval, pool.updates_per_batch)
+        if pool.admission is not None and pool.workers * pool.actors * m.kept >= (pool.admission + 1) * per_version:
+            out.append(f"feeding the learner in full would need more groups open than a budget of {pool.admission} "
+                       "versions admits: staler tokens would cost more steps than the faster learner gains")
         if p.produced < p.consumed:
             out.append("the actors cannot feed the learner: more actor cores (actors.workers) would")
     else:
@@ -221,7 +245,8 @@ def actor_workers(spec) -> int:
 def spec_pool(spec) -> Pool:
     """The pool and pace as the spec is written."""
     return Pool(spec.actors.workers, spec.actors.actors, spec.learner.batch_groups, spec.sync.interval,
-                spec.learner.updates_per_batch, spec.buffer.capacity, retract=spec.actors.on_sync == "retract")
+                spec.learner.updates_per_batch, spec.buffer.capacity, retract=spec.actors.on_sync == "retract",
+                admission=spec.buffer.max_staleness if spec.buffer.admission else None)
 
 
 def audit_command(spec, *, mode: str | None, groups: int, train_steps: int, env_steps: int,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from flows.audit import Pool, predict, recommend, spec_pool, warnings
+from flows.audit import STALENESS_BUDGET, Pool, predict, recommend, spec_pool, warnings
 from flows.cli import main
 from flows.spec import parse_spec
 from tasks.measure import Measurements
@@ -56,8 +56,27 @@ def test_async_recommendation_feeds_the_learner_and_no_more():
     # 32 samples of ~9 tokens: 16 rows of 32 (a multiple of 8), as many slots as 32 rows of 16
     assert r.rows == 16 and r.buckets == (32, 64)
     assert "actors.on_sync=retract" in r.overrides and f"actors.actors={r.actors}" in r.overrides
+    assert "buffer.admission=true" in r.overrides and r.max_staleness == STALENESS_BUDGET  # 48 open: not binding
     sync = recommend(m, spec, "sync", workers=1)
     assert sync.actors == 5 and sync.sync_interval == 1 and sync.max_staleness is None  # a batch in one wave
+
+
+def test_admission_caps_the_groups_open_at_what_the_budget_lets_the_learner_take():
+    m = measurements(step=0.1)  # a group takes 2.05 s; the learner could take 40 groups/s
+    free = Pool(workers=1, actors=100, batch_groups=4, sync_interval=1)
+    bounded = predict(m, Pool(**{**free.__dict__, "admission": 3}))
+    assert bounded.produced == pytest.approx((3 + 1) * 4 / 2.05)  # 16 open at most, 2.05 s each
+    assert bounded.staleness_updates == pytest.approx(bounded.produced / 4 * (0.5 * 2.05 + 4 / bounded.produced))
+    assert bounded.staleness_updates < predict(m, free).staleness_updates
+
+
+def test_async_recommendation_stops_at_the_staleness_budget_when_feeding_the_learner_needs_more():
+    spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {actors: 2}\nmodel: {max_len: 16}\n")
+    m = measurements(step=0.04, latency=0.5, publish=0.0001)  # feeding it: 1.15 * 400 groups/s * 2.05 s
+    r = recommend(m, spec, "async", workers=1)
+    assert r.max_staleness == STALENESS_BUDGET and "buffer.admission=true" in r.overrides
+    assert r.actors == -(-1.15 * (STALENESS_BUDGET + 1) * 16 // 1)  # what the budget admits, not 943
+    assert r.busy < 0.5 and r.staleness_updates < STALENESS_BUDGET
 
 
 def test_warnings_name_outpacing_and_starving():
