@@ -88,14 +88,19 @@ class Prediction:
     scheduler_ops: float  # per second
 
 
+def admitted(budget: int, batch_groups: int, sync_interval: int, updates_per_batch: int) -> float:
+    """The most groups admission control keeps open with a budget of `budget` versions
+    (README, "Admission control"): (budget + 1) versions' worth of what the learner takes."""
+    return (budget + 1) * groups_per_version(batch_groups, sync_interval, updates_per_batch)
+
+
 def predict(m, pool: Pool) -> Prediction:
     """Rates, learner busy and staleness for measurements `m` (`tasks.measure.Measurements`)."""
     group_s, step = float(np.mean(m.group_s)), m.step_s * pool.updates_per_batch
     engine = pool.workers * m.actor_groups_per_s
     at_once = pool.workers * pool.actors
     if pool.admission is not None:  # no more open than the budget lets the learner take in time
-        per_version = groups_per_version(pool.batch_groups, pool.sync_interval, pool.updates_per_batch)
-        at_once = min(at_once, (pool.admission + 1) * per_version)
+        at_once = min(at_once, admitted(pool.admission, pool.batch_groups, pool.sync_interval, pool.updates_per_batch))
     produced = m.kept * min(at_once / group_s, engine)
     overhead = _overhead(m, pool)
     consumed = pool.batch_groups / (step + overhead)
@@ -158,8 +163,8 @@ def recommend(m, spec, mode: str, workers: int) -> Recommendation:
     else:  # just enough to feed the learner (more only queue up, staler), and no more than
         # the staleness budget admits: past it, actors would hold groups they may not start
         needed = HEADROOM * batch / (m.step_s * updates + m.batch_s) / max(m.kept, 0.1)
-        admitted = HEADROOM * (admission + 1) * groups_per_version(batch, interval, updates) / max(m.kept, 0.1)
-        per_worker = math.ceil(min(needed * group_s, admitted) / workers)
+        room = HEADROOM * admitted(admission, batch, interval, updates) / max(m.kept, 0.1)
+        per_worker = math.ceil(min(needed * group_s, room) / workers)
     # No fewer than the audit measured the engine's throughput with: fewer may not fill it.
     per_worker = max(per_worker, actors.actors)
     pool = Pool(workers, per_worker, batch, interval, updates, capacity=batch, retract=mode == "async",
@@ -209,8 +214,8 @@ def _why(m, pool: Pool, p: Prediction, mode: str, slots: int) -> tuple[str, ...]
     if mode == "async":
         out.append(f"mean staleness ~{p.staleness_updates:.1f} optimizer updates ({p.staleness_versions:.1f} versions): "
                    "more groups at once would only wait in the buffer, staler")
-        per_version = groups_per_version(pool.batch_groups, pool.sync_interval, pool.updates_per_batch)
-        if pool.admission is not None and pool.workers * pool.actors * m.kept >= (pool.admission + 1) * per_version:
+        if pool.admission is not None and pool.workers * pool.actors * m.kept >= admitted(
+                pool.admission, pool.batch_groups, pool.sync_interval, pool.updates_per_batch):
             out.append(f"feeding the learner in full would need more groups open than a budget of {pool.admission} "
                        "versions admits: staler tokens would cost more steps than the faster learner gains")
         if p.produced < p.consumed:
