@@ -160,9 +160,11 @@ def recommend(m, spec, mode: str, workers: int) -> Recommendation:
     group_s, batch = float(np.mean(m.group_s)), learner.batch_groups
     if mode == "sync":  # a batch in one wave, with room for the groups the filters reject
         per_worker = math.ceil(batch * HEADROOM / max(m.kept, 0.1) / workers)
-    else:  # just enough to feed the learner (more only queue up, staler), and no more than
-        # the staleness budget admits: past it, actors would hold groups they may not start
+    else:  # just enough to feed the learner (more only queue up, staler) or to keep the actor
+        # cores busy (more only queue on them), and no more than the staleness budget admits:
+        # past it, actors would hold groups they may not start
         needed = HEADROOM * batch / (m.step_s * updates + m.batch_s) / max(m.kept, 0.1)
+        needed = min(needed, HEADROOM * m.actor_groups_per_s * workers)
         room = HEADROOM * admitted(admission, batch, interval, updates) / max(m.kept, 0.1)
         per_worker = math.ceil(min(needed * group_s, room) / workers)
     # No fewer than the audit measured the engine's throughput with: fewer may not fill it.

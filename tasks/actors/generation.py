@@ -109,7 +109,7 @@ class GenerationService(Background):
 
     def _failed(self, error: BaseException) -> None:
         for future in self._waiting.values():
-            future.get_loop().call_soon_threadsafe(_fail, future, error)
+            _call_into(future.get_loop(), _fail, future, error)
 
 
 def _resolve(completions: list[Completion], waiting: dict[int, asyncio.Future]) -> None:
@@ -117,9 +117,19 @@ def _resolve(completions: list[Completion], waiting: dict[int, asyncio.Future]) 
     by_loop: dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
     for completion in completions:
         future = waiting.pop(completion.id)
-        by_loop[future.get_loop()].append((future, completion))
+        if not future.done():  # else cancelled: its group was aborted or timed out
+            by_loop[future.get_loop()].append((future, completion))
     for loop, done in by_loop.items():
-        loop.call_soon_threadsafe(_set_results, done)
+        _call_into(loop, _set_results, done)
+
+
+def _call_into(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
+    """`callback(*args)` on `loop`, unless the loop has closed: a request's episode may
+    end (cancelled) with its loop (one `asyncio.run` per group, as the audit plays) while
+    the engine still decodes it, and nobody awaits its completion any more."""
+    with contextlib.suppress(RuntimeError):  # closed between a check and the call
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(callback, *args)
 
 
 def _set_results(done: list[tuple[asyncio.Future, Completion]]) -> None:

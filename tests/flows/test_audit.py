@@ -72,11 +72,20 @@ def test_admission_caps_the_groups_open_at_what_the_budget_lets_the_learner_take
 
 def test_async_recommendation_stops_at_the_staleness_budget_when_feeding_the_learner_needs_more():
     spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {actors: 2}\nmodel: {max_len: 16}\n")
-    m = measurements(step=0.04, latency=0.5, publish=0.0001)  # feeding it: 1.15 * 400 groups/s * 2.05 s
+    m = measurements(step=0.04, latency=0.5, publish=0.0001, rate=1000.0)  # feeding it: 1.15 * 400 groups/s * 2.05 s
     r = recommend(m, spec, "async", workers=1)
     assert r.max_staleness == STALENESS_BUDGET and "buffer.admission=true" in r.overrides
     assert r.actors == -(-1.15 * (STALENESS_BUDGET + 1) * 16 // 1)  # what the budget admits, not 943
     assert r.busy < 0.5 and r.staleness_updates < STALENESS_BUDGET
+
+
+def test_async_recommendation_opens_no_more_groups_than_the_actor_cores_can_play():
+    """Actors bound by their own CPU (a sandboxed tool, say) finish no more groups for
+    having more open: past the core's rate, groups only queue on it."""
+    spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {actors: 2}\nmodel: {max_len: 16}\n")
+    m = measurements(step=0.04, latency=0.5, publish=0.0001, rate=4.0)  # 4 groups/s of 2.05 s each
+    r = recommend(m, spec, "async", workers=2)
+    assert r.actors == -(-1.15 * 4.0 * 2 * 2.05 // 2)  # per worker: the cores' groups/s x a group's seconds
 
 
 def test_warnings_name_outpacing_and_starving():

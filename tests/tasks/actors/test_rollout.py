@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+import time
 
 import jax
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 from learner.config import ModelConfig, TokenizerConfig
 from learner.chat import make_tokenizer
+from learner.engine import Request
 from learner.model import init_params
 from learner.trajectory import OBSERVATION
 from tasks.config import ActorsConfig, EnvConfig
@@ -48,7 +50,6 @@ class AsyncCountdown(Countdown):
 
 class Hang(Countdown):
     def step(self, action):
-        import time
         time.sleep(5)
         return ":", 0.0, True, {}
 
@@ -186,3 +187,24 @@ def test_latency_distributions_keep_their_mean(dist):
     draws = np.array([runner._latency() for _ in range(20_000)])
     assert abs(draws.mean() - 0.2) < 0.01 and draws.min() >= 0
     assert (draws.std() < 1e-9) == (dist == "fixed")
+
+
+def test_a_request_left_behind_by_a_closed_event_loop_does_not_stop_the_service(params):
+    """An aborted group cancels its other episodes' requests, which the engine still
+    finishes; if their event loop has closed by then (one `asyncio.run` per group, as the
+    audit plays), the service drops them and goes on serving the next loop."""
+    service = service_with(params)
+    try:
+        async def abandon():
+            request = Request(np.zeros(1, np.int32), 24, np.zeros(2, np.uint32))
+            task = asyncio.ensure_future(service.generate(request))
+            await asyncio.sleep(0)  # submitted
+            task.cancel()
+
+        asyncio.run(abandon())  # closes its loop while the engine decodes the request
+        while not service.engine.idle:  # the request decoded: its completion found no loop
+            time.sleep(0.01)
+        group = asyncio.run(runner_for(service).run(7, "p", 1, [Countdown() for _ in range(3)]))
+    finally:
+        service.stop()
+    assert group.aborted is None and len(group.samples) == 3
