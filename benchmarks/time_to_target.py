@@ -53,6 +53,10 @@ def one_run(spec: str, overrides: list[str], seed: int, cap_s: float, target: fl
                             stop=lambda records: reached(records, target, WINDOW) is not None)
     records = result.records
     hit = reached(records, target, WINDOW)
+    if hit is None and result.stopped_by != "budget":  # it failed: a miss would hide why
+        log = (work / f"seed{seed}.log").read_text().splitlines()
+        raise RuntimeError(f"{spec} seed {seed} ended ({result.stopped_by}, exit {result.returncode}) before its "
+                           "target or the cap:\n" + "\n".join(log[-20:]))
     first = records[0]["time"] if records else None
     trained = records[WINDOW:] or records
     return {"seconds": hit["time"] - first if hit else cap_s, "missed": hit is None,

@@ -146,7 +146,9 @@ class Recommendation:
                f"learner.buckets=[{','.join(map(str, self.buckets))}]",
                f"learner.rows={'null' if self.rows is None else self.rows}",
                f"buffer.max_staleness={'null' if self.max_staleness is None else self.max_staleness}"]
-        return out + (["actors.on_sync=retract", "buffer.admission=true"] if self.mode == "async" else [])
+        # Sync dispatches each batch at its version (staleness 0): no budget to admit by.
+        admission = "true" if self.mode == "async" else "false"
+        return out + [f"buffer.admission={admission}"] + (["actors.on_sync=retract"] if self.mode == "async" else [])
 
 
 def recommend(m, spec, mode: str, workers: int) -> Recommendation:

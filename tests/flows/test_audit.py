@@ -88,6 +88,16 @@ def test_async_recommendation_opens_no_more_groups_than_the_actor_cores_can_play
     assert r.actors == -(-1.15 * 4.0 * 2 * 2.05 // 2)  # per worker: the cores' groups/s x a group's seconds
 
 
+def test_each_recommendation_applies_to_a_spec_with_admission_on():
+    """The built-in specs run async with admission; a sync recommendation turns it off
+    (sync has no budget: it would fail validation beside max_staleness null)."""
+    spec = parse_spec("buffer: {max_staleness: 16, admission: true}\nlearner: {batch_groups: 4, buckets: [16]}\n"
+                      "model: {max_len: 16}\n")
+    for mode in ("sync", "async"):
+        r = recommend(measurements(), spec, mode, workers=1)
+        applied = parse_spec(spec.model_dump_json(), r.overrides)
+        assert applied.learner.mode == mode and applied.buffer.admission == (mode == "async")
+
 def test_warnings_name_outpacing_and_starving():
     spec = parse_spec("actors: {workers: 1, actors: 64}\nbuffer: {capacity: 8}\nlearner: {batch_groups: 4}")
     m = measurements(group_compute=0.001, latency=0.0, step=1.0)
