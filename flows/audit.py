@@ -146,9 +146,9 @@ class Recommendation:
                f"learner.buckets=[{','.join(map(str, self.buckets))}]",
                f"learner.rows={'null' if self.rows is None else self.rows}",
                f"buffer.max_staleness={'null' if self.max_staleness is None else self.max_staleness}"]
-        # Sync dispatches each batch at its version (staleness 0): no budget to admit by.
-        admission = "true" if self.mode == "async" else "false"
-        return out + [f"buffer.admission={admission}"] + (["actors.on_sync=retract"] if self.mode == "async" else [])
+        if self.mode == "async":
+            return out + ["buffer.admission=true", "actors.on_sync=retract"]
+        return out + ["buffer.admission=false"]  # sync dispatches each batch at its version: no budget
 
 
 def recommend(m, spec, mode: str, workers: int) -> Recommendation:

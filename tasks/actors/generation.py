@@ -117,8 +117,7 @@ def _resolve(completions: list[Completion], waiting: dict[int, asyncio.Future]) 
     by_loop: dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
     for completion in completions:
         future = waiting.pop(completion.id)
-        if not future.done():  # else cancelled: its group was aborted or timed out
-            by_loop[future.get_loop()].append((future, completion))
+        by_loop[future.get_loop()].append((future, completion))
     for loop, done in by_loop.items():
         _call_into(loop, _set_results, done)
 

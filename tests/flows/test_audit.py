@@ -98,6 +98,7 @@ def test_each_recommendation_applies_to_a_spec_with_admission_on():
         applied = parse_spec(spec.model_dump_json(), r.overrides)
         assert applied.learner.mode == mode and applied.buffer.admission == (mode == "async")
 
+
 def test_warnings_name_outpacing_and_starving():
     spec = parse_spec("actors: {workers: 1, actors: 64}\nbuffer: {capacity: 8}\nlearner: {batch_groups: 4}")
     m = measurements(group_compute=0.001, latency=0.0, step=1.0)

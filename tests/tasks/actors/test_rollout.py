@@ -202,7 +202,8 @@ def test_a_request_left_behind_by_a_closed_event_loop_does_not_stop_the_service(
             task.cancel()
 
         asyncio.run(abandon())  # closes its loop while the engine decodes the request
-        while not service.engine.idle:  # the request decoded: its completion found no loop
+        deadline = time.monotonic() + 30
+        while not service.engine.idle and time.monotonic() < deadline:  # decoded: its completion found no loop
             time.sleep(0.01)
         group = asyncio.run(runner_for(service).run(7, "p", 1, [Countdown() for _ in range(3)]))
     finally:
