@@ -61,6 +61,14 @@ HEADROOM = 1.15  # actors sized to produce this much more than the learner consu
 # 182 s (~10); fed in full (no budget, tokens ~66 stale) it was at 53% after 150 s.
 # Past ~16, learning per step falls faster than the update rate rises.
 STALENESS_BUDGET = 16
+# Where the budget, not the learner, sets the pace (a slow env: a version a second while a
+# step takes tens of ms), a version may carry more groups at no cost in staleness. Measured
+# on guess-number at 2 s per env step (BENCHMARKS.md (j); predicted busy 3% at 16 groups):
+# 16 groups a batch and a budget of 16 reached 90% in 457-469 s, 64 groups 286-331 s, 64
+# groups and a budget of 32 229-245 s. At 0.5 s (predicted busy 13%) 16 groups and 16 stay:
+# a budget of 32 there took 182 s against 159 s. IDLE sits between the two cells.
+IDLE = 0.06  # predicted async busy below which the batch and the budget grow
+BATCH_GROWTH, BUDGET_GROWTH = 4, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +137,7 @@ class Recommendation:
     workers: int
     actors: int  # groups each actor process plays at once
     slots: int
+    batch_groups: int
     capacity: int
     sync_interval: int
     rows: int | None  # packed rows per batch (None: a row per sample)
@@ -142,7 +151,8 @@ class Recommendation:
     def overrides(self) -> list[str]:
         """The recommendation as `tandem run --set` values."""
         out = [f"learner.mode={self.mode}", f"actors.workers={self.workers}", f"actors.actors={self.actors}",
-               f"actors.slots={self.slots}", f"buffer.capacity={self.capacity}", f"sync.interval={self.sync_interval}",
+               f"actors.slots={self.slots}", f"learner.batch_groups={self.batch_groups}",
+               f"buffer.capacity={self.capacity}", f"sync.interval={self.sync_interval}",
                f"learner.buckets=[{','.join(map(str, self.buckets))}]",
                f"learner.rows={'null' if self.rows is None else self.rows}",
                f"buffer.max_staleness={'null' if self.max_staleness is None else self.max_staleness}"]
@@ -152,14 +162,31 @@ class Recommendation:
 
 
 def recommend(m, spec, mode: str, workers: int) -> Recommendation:
-    """The settings that reach a good agent soonest, as the model sees it (module docstring)."""
+    """The settings that reach a good agent soonest, as the model sees it (module docstring):
+    for async, the spec's batch and `STALENESS_BUDGET`, or `BATCH_GROWTH` times the batch
+    and `BUDGET_GROWTH` times the budget where the learner would idle (`IDLE`)."""
+    batch = spec.learner.batch_groups
+    if mode == "sync":
+        return _recommend(m, spec, mode, workers, batch, None)
+    first = _recommend(m, spec, mode, workers, batch, STALENESS_BUDGET)
+    if first.busy >= IDLE:
+        return first
+    return _recommend(m, spec, mode, workers, BATCH_GROWTH * batch, BUDGET_GROWTH * STALENESS_BUDGET,
+                      why=(f"at {batch} groups a batch the learner would be {first.busy:.0%} busy: the budget, "
+                           f"not the learner, sets the pace, so each version carries {BATCH_GROWTH}x the groups "
+                           f"and the budget is {BUDGET_GROWTH}x (measured: BENCHMARKS.md (j))",))
+
+
+def _recommend(m, spec, mode: str, workers: int, batch: int, budget: int | None, why: tuple[str, ...] = ()
+               ) -> Recommendation:
+    """The pool and pace for `batch` groups a batch and a staleness budget of `budget` updates."""
     learner, actors = spec.learner, spec.actors
-    rows, buckets = _packing(m, spec)
-    m = _packed(m, spec, rows, buckets)
+    rows, buckets = _packing(m, spec, batch)
+    m = _packed(m, spec, batch, rows, buckets)
     updates = learner.updates_per_batch
     interval = updates if mode == "sync" else max(1, math.ceil(m.publish_s / (PUBLISH_SHARE * m.step_s)))
-    admission = None if mode == "sync" else max(1, math.ceil(STALENESS_BUDGET / interval))  # in versions
-    group_s, batch = float(np.mean(m.group_s)), learner.batch_groups
+    admission = None if budget is None else max(1, math.ceil(budget / interval))  # in versions
+    group_s = float(np.mean(m.group_s))
     if mode == "sync":  # a batch in one wave, with room for the groups the filters reject
         per_worker = math.ceil(batch * HEADROOM / max(m.kept, 0.1) / workers)
     else:  # just enough to feed the learner (more only queue up, staler) or to keep the actor
@@ -177,24 +204,24 @@ def recommend(m, spec, mode: str, workers: int) -> Recommendation:
     busy = p.busy_async if mode == "async" else p.busy_sync
     staleness = p.staleness_updates if mode == "async" else 0.0
     slots = _slots(per_worker * actors.group_size)
-    return Recommendation(mode, workers, per_worker, slots, batch, interval, rows, buckets, busy, staleness,
-                          admission, _why(m, pool, p, mode, slots))
+    return Recommendation(mode, workers, per_worker, slots, batch, batch, interval, rows, buckets, busy, staleness,
+                          admission, (*why, *_why(m, pool, p, mode, slots)))
 
 
-def _packed(m, spec, rows: int | None, buckets: tuple[int, ...]):
-    """The measurements with the train step scaled to the recommended packing: its time
-    follows the batch's padded size (README: about linear in sequence length)."""
-    if rows is None or spec.learner.rows is not None:
-        return m
-    scale = rows * buckets[0] / (spec.learner.batch_rows(spec.learner.batch_groups * spec.actors.group_size)
-                                 * spec.learner.buckets[0])
-    return dataclasses.replace(m, train_step_s=tuple(t * scale for t in m.train_step_s))
+def _packed(m, spec, batch: int, rows: int | None, buckets: tuple[int, ...]):
+    """The measurements with the train step scaled from the batch measured (the spec's) to
+    `batch` at the recommended packing: its time follows the batch's padded size (README:
+    about linear in sequence length)."""
+    group = spec.actors.group_size
+    measured = spec.learner.batch_rows(spec.learner.batch_groups * group) * spec.learner.buckets[0]
+    planned = (batch * group if rows is None else rows) * buckets[0]
+    return dataclasses.replace(m, train_step_s=tuple(t * planned / measured for t in m.train_step_s))
 
 
-def _packing(m, spec) -> tuple[int | None, tuple[int, ...]]:
-    """Rows and buckets that pack a batch's samples with little padding: episodes shorter
-    than half a row share rows (the train step's cost follows its padded size)."""
-    samples = spec.learner.batch_groups * spec.actors.group_size
+def _packing(m, spec, batch: int) -> tuple[int | None, tuple[int, ...]]:
+    """Rows and buckets that pack `batch` groups' samples with little padding: episodes
+    shorter than half a row share rows (the train step's cost follows its padded size)."""
+    samples = batch * spec.actors.group_size
     row = 1 << max(0, math.ceil(math.log2(spec.model.max_len)))
     if 1.25 * m.episode_tokens > 0.8 * row:  # packing would save less than a fifth of the slots
         return None, (row,)

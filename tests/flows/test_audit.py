@@ -1,10 +1,11 @@
 """`tandem audit`: the pool model against hand-computed rates, and one real audit of a tiny spec."""
 
 import json
+import math
 
 import pytest
 
-from flows.audit import STALENESS_BUDGET, Pool, predict, recommend, spec_pool, warnings
+from flows.audit import BATCH_GROWTH, BUDGET_GROWTH, IDLE, STALENESS_BUDGET, Pool, predict, recommend, spec_pool, warnings
 from flows.cli import main
 from flows.spec import parse_spec
 from tasks.measure import Measurements
@@ -77,6 +78,25 @@ def test_async_recommendation_stops_at_the_staleness_budget_when_feeding_the_lea
     assert r.max_staleness == STALENESS_BUDGET and "buffer.admission=true" in r.overrides
     assert r.actors == -(-1.15 * (STALENESS_BUDGET + 1) * 16 // 1)  # what the budget admits, not 943
     assert r.busy < 0.5 and r.staleness_updates < STALENESS_BUDGET
+
+
+def test_where_the_budget_leaves_the_learner_idle_each_version_carries_more_groups():
+    """A slow env: the budget admits a version every few seconds while a step takes ms, so
+    the batch and the budget grow (and the train step with the batch); sync keeps its batch."""
+    spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {actors: 2}\nmodel: {max_len: 16}\n")
+    fast = recommend(measurements(step=0.04, latency=0.5, publish=0.0001, rate=1000.0), spec, "async", workers=1)
+    assert fast.busy >= IDLE and fast.batch_groups == 16 and fast.max_staleness == STALENESS_BUDGET
+    slow_env = measurements(step=0.04, latency=8.0, publish=0.0001, rate=1000.0)  # a group takes 32 s
+    slow = recommend(slow_env, spec, "async", workers=1)
+    assert slow.batch_groups == BATCH_GROWTH * 16 and slow.capacity == slow.batch_groups
+    assert slow.max_staleness == BUDGET_GROWTH * STALENESS_BUDGET and "learner.batch_groups=64" in slow.overrides
+    assert "the budget, not the learner, sets the pace" in slow.why[0]
+    # the grown batch's samples packed as the spec's are: 512 samples of ~9 tokens in rows of 32
+    assert slow.rows == -(-math.ceil(1.25 * 512 * 9.0 / 32) // 8) * 8
+    idle = predict(slow_env, Pool(workers=1, actors=slow.actors, batch_groups=16, sync_interval=1,
+                                  admission=STALENESS_BUDGET))
+    assert idle.busy_async < IDLE < slow.busy  # what the growth buys: a learner fed 4x per version
+    assert recommend(slow_env, spec, "sync", workers=1).batch_groups == 16
 
 
 def test_async_recommendation_opens_no_more_groups_than_the_actor_cores_can_play():
