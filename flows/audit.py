@@ -35,7 +35,10 @@ So the audit recommends, for async, the fewest groups at once that keep the lear
 updates admits: in a slow environment feeding a fast learner in full makes every token
 tens of updates stale, and learning per step falls faster than the update rate rises. Also
 a buffer of one batch, a version every step where publishing is cheap, and `retract`; for
-sync, enough groups at once to play a batch in one wave.
+sync, enough groups at once to play a batch in one wave. Where that budget leaves the
+learner idle (predicted busy under `IDLE`: the budget, not the learner, sets the pace),
+each version carries `BATCH_GROWTH` times the groups under a budget `BUDGET_GROWTH` times as
+wide; more data per version costs no staleness (BENCHMARKS.md (j), guess-number at 2 s).
 """
 
 from __future__ import annotations
