@@ -5,16 +5,21 @@ once per seed with the settings `tandem audit` recommends for that mode (`flows.
 the same model, optimizer and group size, the learner pinned to its own core and the
 actors (a Dask scheduler and worker started here) to the others. A run stops when the
 success rate (the acting policy's, every finished group counted), averaged over the
-last 20 steps, reaches the target, or `--cap` seconds after its first step; a run that
-misses counts as the cap and is marked. Printed per cell and mode: the median and range
-of seconds from the first step to the target, learner busy, the mean staleness of the
-trained tokens (versions, optimizer updates) and the audit's predicted staleness.
+last 20 steps (20 batches where each is trained for several updates), reaches the
+target, or `--cap` seconds after its first step; a run that misses counts as the cap and
+is marked. Printed per cell and mode: the median and range of seconds from the first
+step to the target, learner busy, the mean staleness of the trained tokens (versions,
+optimizer updates), the audit's predicted staleness, and where the learning goes (`WHERE`).
 
 With `--floor`, cells at zero latency also run `benchmarks/single_process.py` (the
-in-process batched loop) over the same seeds, for the cost of decoupling. Usage:
+in-process batched loop) over the same seeds, for the cost of decoupling. With
+`--variant NAME=path=value,...` (repeatable), each mode also runs under those overrides,
+seed by seed alternated with the plain settings, so that a machine whose speed drifts
+does not favour either. Usage:
 
     python benchmarks/time_to_target.py [--cells guess-number:0.5 calculator:0.5 guess-number:2]
         [--seeds 3] [--modes sync async] [--cap 480] [--floor] [--set path=value ...]
+        [--variant tis=learner.loss.objective=tis,learner.loss.is_cap=2 ...]
 """
 
 from __future__ import annotations
@@ -28,9 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
+from flows.spec import load_spec
 from harness import ROOT, actor_pool, emit, reached, run_tandem, split_cores, steady_rates
 
 WINDOW = 20  # steps the success rate is averaged over
+# Where the learning goes, per trained step (means after the first WINDOW steps): the
+# tokens the clip zeroes, those whose importance weight is capped, the effective sample
+# size's share, and the success of the groups trained beside that of every group played.
+WHERE = ("clip_fraction", "is_capped_fraction", "ess_fraction", "trained_success_rate", "success_rate")
 SEEDS = {"guess-number:0.5": 3, "calculator:0.5": 3, "guess-number:2": 2}
 
 
@@ -45,24 +55,28 @@ def recommended(spec: str, mode: str, latency: float, extra: list[str]) -> tuple
 
 def one_run(spec: str, overrides: list[str], seed: int, cap_s: float, target: float, cores, work: Path) -> dict:
     learner_cores, actor_cores = cores
+    # A batch trained for several updates records a step each, with the same acting success
+    # until the next batch: the window spans WINDOW batches, so as many groups as at one update.
+    window = WINDOW * load_spec(ROOT / spec, overrides).learner.updates_per_batch
     with actor_pool(actor_cores) as address:
         result = run_tandem(spec, [*overrides, f"seed={seed}", f"actors.cluster={address}",
                                    "learner.stop_at_success=null", "learner.steps=100000",
                                    "checkpoint.every=100000"],
                             work / f"seed{seed}", cores=learner_cores, budget_s=cap_s,
-                            stop=lambda records: reached(records, target, WINDOW) is not None)
+                            stop=lambda records: reached(records, target, window) is not None)
     records = result.records
-    hit = reached(records, target, WINDOW)
+    hit = reached(records, target, window)
     if hit is None and result.stopped_by != "budget":  # it failed: a miss would hide why
         log = (work / f"seed{seed}.log").read_text().splitlines()
         raise RuntimeError(f"{spec} seed {seed} ended ({result.stopped_by}, exit {result.returncode}) before its "
                            "target or the cap:\n" + "\n".join(log[-20:]))
     first = records[0]["time"] if records else None
-    trained = records[WINDOW:] or records
+    trained = records[window:] or records
     return {"seconds": hit["time"] - first if hit else cap_s, "missed": hit is None,
             "busy": steady_rates(records)["busy"],
             "staleness_versions": _mean(trained, "token_staleness_mean"),
-            "staleness_updates": _mean(trained, "token_staleness_updates_mean")}
+            "staleness_updates": _mean(trained, "token_staleness_updates_mean"),
+            **{key: _mean(trained, key) for key in WHERE}}
 
 
 def floor_run(spec: str, seed: int, cap_s: float, target: float) -> dict:
@@ -78,12 +92,20 @@ def summary(cell: str, mode: str, runs: list[dict], predicted: float | None) -> 
     return {"cell": cell, "mode": mode, "median_s": float(np.median(seconds)), "min_s": min(seconds),
             "max_s": max(seconds), "missed": sum(r["missed"] for r in runs), "seeds": len(runs),
             "busy": _mean(runs, "busy"), "staleness_v": _mean(runs, "staleness_versions"),
-            "staleness_u": _mean(runs, "staleness_updates"), "predicted_u": predicted}
+            "staleness_u": _mean(runs, "staleness_updates"), "predicted_u": predicted,
+            **{key: _mean(runs, key) for key in WHERE}}
 
 
 def _mean(rows: list[dict], key: str) -> float | None:
     values = [r[key] for r in rows if r.get(key) is not None]
     return float(np.mean(values)) if values else None
+
+
+def _variant(text: str) -> tuple[str, list[str]]:
+    name, _, sets = text.partition("=")
+    if not name or not sets:
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: expected NAME=path=value[,path=value...]")
+    return name, sets.split(",")
 
 
 def main() -> None:
@@ -95,6 +117,8 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--floor", action="store_true", help="also the in-process loop, at zero latency")
     parser.add_argument("--set", action="append", default=[], help="overrides for every run")
+    parser.add_argument("--variant", action="append", default=[], type=_variant,
+                        help="NAME=path=value,path=value: also run each mode under these overrides")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "time_to_target.json")
     args = parser.parse_args()
     cores, rows = split_cores(), []
@@ -103,13 +127,19 @@ def main() -> None:
             name, latency = cell.split(":")
             spec, seeds = f"specs/{name}.yaml", args.seeds or SEEDS.get(cell, 3)
             for mode in args.modes:
-                overrides, advice = recommended(spec, mode, float(latency), args.set)
-                # The audit's overrides set the pool and pace only: the cell's latency is the run's own.
-                run_overrides = [*overrides, f"env.latency_s={latency}", *args.set]
-                runs = [one_run(spec, run_overrides, seed, args.cap, args.target, cores, Path(work) / cell / mode)
-                        for seed in range(seeds)]
-                rows.append(summary(cell, mode, runs, advice.get("staleness_updates")))
-                print(json.dumps({**rows[-1], "runs": runs}), flush=True)
+                variants = [(mode, [])] + [(f"{mode} {name}", sets) for name, sets in args.variant]
+                runs, advice = {label: [] for label, _ in variants}, {}
+                for seed in range(seeds):
+                    for label, sets in variants:
+                        if label not in advice:
+                            advice[label] = recommended(spec, mode, float(latency), [*args.set, *sets])
+                        # The audit's overrides set the pool and pace only: the cell's latency is the run's own.
+                        run_overrides = [*advice[label][0], f"env.latency_s={latency}", *args.set, *sets]
+                        runs[label].append(one_run(spec, run_overrides, seed, args.cap, args.target, cores,
+                                                   Path(work) / cell / label.replace(" ", "-")))
+                for label, _ in variants:
+                    rows.append(summary(cell, label, runs[label], advice[label][1].get("staleness_updates")))
+                    print(json.dumps({**rows[-1], "runs": runs[label]}), flush=True)
             if args.floor and float(latency) == 0.0:
                 runs = [floor_run(spec, seed, args.cap, args.target) for seed in range(seeds)]
                 rows.append(summary(cell, "in-process floor", runs, None))
