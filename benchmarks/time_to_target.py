@@ -37,7 +37,7 @@ from flows.spec import load_spec
 from harness import ROOT, actor_pool, emit, reached, run_tandem, split_cores, steady_rates
 
 WINDOW = 20  # steps the success rate is averaged over
-# Where the learning goes, per trained step (means after the first WINDOW steps): the
+# Where the learning goes, per trained step (means after the target's first window): the
 # tokens the clip zeroes, those whose importance weight is capped, the effective sample
 # size's share, and the success of the groups trained beside that of every group played.
 WHERE = ("clip_fraction", "is_capped_fraction", "ess_fraction", "trained_success_rate", "success_rate")
@@ -127,19 +127,19 @@ def main() -> None:
             name, latency = cell.split(":")
             spec, seeds = f"specs/{name}.yaml", args.seeds or SEEDS.get(cell, 3)
             for mode in args.modes:
-                variants = [(mode, [])] + [(f"{mode} {name}", sets) for name, sets in args.variant]
-                runs, advice = {label: [] for label, _ in variants}, {}
+                variants = {mode: [], **{f"{mode} {variant}": sets for variant, sets in args.variant}}
+                advice = {label: recommended(spec, mode, float(latency), [*args.set, *sets])
+                          for label, sets in variants.items()}
+                by_label = {label: [] for label in variants}
                 for seed in range(seeds):
-                    for label, sets in variants:
-                        if label not in advice:
-                            advice[label] = recommended(spec, mode, float(latency), [*args.set, *sets])
+                    for label, sets in variants.items():
                         # The audit's overrides set the pool and pace only: the cell's latency is the run's own.
                         run_overrides = [*advice[label][0], f"env.latency_s={latency}", *args.set, *sets]
-                        runs[label].append(one_run(spec, run_overrides, seed, args.cap, args.target, cores,
-                                                   Path(work) / cell / label.replace(" ", "-")))
-                for label, _ in variants:
-                    rows.append(summary(cell, label, runs[label], advice[label][1].get("staleness_updates")))
-                    print(json.dumps({**rows[-1], "runs": runs[label]}), flush=True)
+                        by_label[label].append(one_run(spec, run_overrides, seed, args.cap, args.target, cores,
+                                                       Path(work) / cell / label.replace(" ", "-")))
+                for label, runs in by_label.items():
+                    rows.append(summary(cell, label, runs, advice[label][1].get("staleness_updates")))
+                    print(json.dumps({**rows[-1], "runs": runs}), flush=True)
             if args.floor and float(latency) == 0.0:
                 runs = [floor_run(spec, seed, args.cap, args.target) for seed in range(seeds)]
                 rows.append(summary(cell, "in-process floor", runs, None))
