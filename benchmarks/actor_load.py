@@ -4,14 +4,17 @@ the Dask scheduler on the other):
 - concurrency: at `--latency` seconds per environment step, one actor process playing
   `--episodes` episodes at once, on a learner heavy enough to need them (the default
   spec's game with a larger model and four passes over each batch): episodes in flight,
-  learner busy and the Dask scheduler's CPU, in steady state.
+  learner busy and the Dask scheduler's CPU, in steady state. With `--learner spec`, the
+  spec's own model, one pass a batch and nothing dropped or held back (no staleness bound,
+  no admission, no entry filter): the busy that the actors' one core can give this learner
+  at most, whatever the pipeline's depth.
 - compiles: a `--steps`-step run of the default spec at zero latency, no entry filter (a
   solved game filters nearly every group): the learner's train-step
   compiles (bounded by `learner.buckets`) and the actor engine's (bounded by its slots and
   window, `learner.engine`), as each reports them at the end.
 Usage:
 
-    python benchmarks/actor_load.py [--part concurrency compiles] [--latency 2] [--episodes 1600]
+    python benchmarks/actor_load.py [--part concurrency compiles] [--latency 2] [--episodes 1600] [--learner heavy|spec]
 """
 
 from __future__ import annotations
@@ -30,16 +33,19 @@ from harness import actor_pool, emit, run_tandem, split_cores, steady_rates
 SPEC = "specs/guess-number.yaml"
 # A train step of ~0.3 s on one core, four per batch: ~1.2 s to take 16 groups.
 HEAVY = ["model.d_model=256", "model.n_heads=8", "model.n_kv_heads=4", "model.d_ff=1024", "learner.epochs=4",
-         "sync.interval=4", "learner.optimizer.lr=0.0003"]
+         "sync.interval=4", "learner.optimizer.lr=0.0003",
+         # An episode of 4 turns at 2 s spans ~7 versions of this learner (one per 1.2 s batch):
+         # the spec's budget of 4 would drop nearly every group as stale.
+         "buffer.max_staleness=16"]
+# The spec's learner fed everything the actors make: its busy is then bounded by their core only.
+UNBOUNDED = ["buffer.admission=false", "buffer.max_staleness=null", "buffer.filters=[]"]
+LEARNERS = {"heavy": HEAVY, "spec": UNBOUNDED}
 
 
-def concurrency(latency: float, episodes: int, seconds: float, work: Path) -> dict:
+def concurrency(latency: float, episodes: int, seconds: float, work: Path, learner: str) -> dict:
     learner_cores, actor_cores = split_cores()
     groups = -(-episodes // 8)
-    # An episode of 4 turns at 2 s spans ~7 versions of this learner (one per 1.2 s batch):
-    # the spec's budget of 4 would drop nearly every group as stale.
-    overrides = [*HEAVY, f"env.latency_s={latency}", f"actors.actors={groups}", "actors.slots=1024",
-                 "buffer.max_staleness=16",
+    overrides = [*LEARNERS[learner], f"env.latency_s={latency}", f"actors.actors={groups}", "actors.slots=1024",
                  "learner.stop_at_success=null", "learner.steps=100000", "checkpoint.every=100000"]
     with actor_pool(actor_cores) as address:
         scheduler = next(p for p in psutil.Process().children() if "scheduler" in " ".join(p.cmdline()))
@@ -47,10 +53,14 @@ def concurrency(latency: float, episodes: int, seconds: float, work: Path) -> di
         result = run_tandem(SPEC, [*overrides, f"actors.cluster={address}"], work / "concurrency",
                             cores=learner_cores, budget_s=seconds, stop=lambda records: cpu.watch(records))
     steady = [r for r in result.records if r["step"] > 5]
-    return {"latency_s": latency, "episodes_asked": episodes,
+    rates = steady_rates(result.records, skip=5)
+    trained = sum(len(r["prompt_ids"]) for r in steady)
+    return {"learner": learner, "latency_s": latency, "episodes_asked": episodes,
             "episodes_in_flight": float(np.mean([r["in_flight"] for r in steady])) * 8 if steady else None,
-            "learner_busy": steady_rates(result.records, skip=5)["busy"], "steps": len(result.records),
-            "scheduler_cpu_%": cpu.percent()}
+            "learner_busy": rates["busy"], "groups_per_s": rates["groups_per_s"],
+            # busy = groups/s taken x train seconds a group: the second factor is the learner's
+            "train_ms_per_group": 1e3 * sum(r["train_s"] for r in steady) / max(1, trained),
+            "steps": len(result.records), "scheduler_cpu_%": cpu.percent()}
 
 
 class _CpuMeter:
@@ -93,12 +103,14 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=1600)
     parser.add_argument("--seconds", type=float, default=120.0, help="concurrency: after the first step")
     parser.add_argument("--steps", type=int, default=1000, help="compiles: the run's steps")
+    parser.add_argument("--learner", choices=list(LEARNERS), default="heavy",
+                        help="concurrency: a heavy learner, or the spec's fed without bound (module docstring)")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "actor_load.json")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="tandem-load-") as work:
         if "concurrency" in args.part:
-            rows.append(concurrency(args.latency, args.episodes, args.seconds, Path(work)))
+            rows.append(concurrency(args.latency, args.episodes, args.seconds, Path(work), args.learner))
         if "compiles" in args.part:
             rows.append(compiles(args.steps, Path(work)))
     emit("actors under load", rows, args.out, args=vars(args) | {"out": str(args.out)})
