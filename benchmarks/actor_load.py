@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from harness import actor_pool, emit, run_tandem, split_cores, steady_rates
+from harness import emit, run_pinned, steady_rates
 
 SPEC = "specs/guess-number.yaml"
 # A train step of ~0.3 s on one core, four per batch: ~1.2 s to take 16 groups.
@@ -43,15 +43,11 @@ LEARNERS = {"heavy": HEAVY, "spec": UNBOUNDED}
 
 
 def concurrency(latency: float, episodes: int, seconds: float, work: Path, learner: str) -> dict:
-    learner_cores, actor_cores = split_cores()
     groups = -(-episodes // 8)
     overrides = [*LEARNERS[learner], f"env.latency_s={latency}", f"actors.actors={groups}", "actors.slots=1024",
                  "learner.stop_at_success=null", "learner.steps=100000", "checkpoint.every=100000"]
-    with actor_pool(actor_cores) as address:
-        scheduler = next(p for p in psutil.Process().children() if "scheduler" in " ".join(p.cmdline()))
-        cpu = _CpuMeter(scheduler)
-        result = run_tandem(SPEC, [*overrides, f"actors.cluster={address}"], work / "concurrency",
-                            cores=learner_cores, budget_s=seconds, stop=lambda records: cpu.watch(records))
+    cpu = _CpuMeter()
+    result = run_pinned(SPEC, overrides, work / "concurrency", budget_s=seconds, stop=cpu.watch)
     steady = [r for r in result.records if r["step"] > 5]
     rates = steady_rates(result.records, skip=5)
     trained = sum(len(r["prompt_ids"]) for r in steady)
@@ -64,12 +60,15 @@ def concurrency(latency: float, episodes: int, seconds: float, work: Path, learn
 
 
 class _CpuMeter:
-    """The scheduler's CPU over the run's steady part (from its sixth step on)."""
+    """The scheduler's CPU over the run's steady part (from its sixth step on): the pool's
+    scheduler, a child of this process while the run is on."""
 
-    def __init__(self, process: psutil.Process):
-        self.process, self.start = process, None
+    def __init__(self):
+        self.process, self.start = None, None
 
     def watch(self, records: list[dict]) -> bool:
+        if self.process is None:
+            self.process = next(p for p in psutil.Process().children() if "scheduler" in " ".join(p.cmdline()))
         if self.start is None and len(records) > 5:
             self.start = (time.monotonic(), self.process.cpu_times())
         self.last = (time.monotonic(), self.process.cpu_times())
@@ -83,13 +82,10 @@ class _CpuMeter:
 
 
 def compiles(steps: int, work: Path) -> dict:
-    learner_cores, actor_cores = split_cores()
-    with actor_pool(actor_cores) as address:
-        # No entry filter: once the game is solved, zero-variance groups would starve the
-        # learner and the run would take far longer than its steps need.
-        result = run_tandem(SPEC, [f"actors.cluster={address}", "learner.stop_at_success=null", "buffer.filters=[]",
-                                   f"learner.steps={steps}", "checkpoint.every=100000"],
-                            work / "compiles", cores=learner_cores, budget_s=3600)
+    # No entry filter: once the game is solved, zero-variance groups would starve the
+    # learner and the run would take far longer than its steps need.
+    result = run_pinned(SPEC, ["learner.stop_at_success=null", "buffer.filters=[]", f"learner.steps={steps}",
+                               "checkpoint.every=100000"], work / "compiles", budget_s=3600)
     log = (work / "compiles.log").read_text()
     engine = re.findall(r"engine compiles (\{[^}]*\})", log)
     return {"steps": len(result.records), "train_step_compiles": result.records[-1]["compiles"],

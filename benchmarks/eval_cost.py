@@ -1,9 +1,12 @@
 """(i) Evaluation's cost beside training: the learner's step rate of the default spec with
 and without `eval.every`, alternated, and the CPU time each process of the run spent
 (the flow and its task, the learner process, the actors' workers, the Prefect server),
-so that the difference says where an evaluation's cost goes. Usage:
+so that the difference says where an evaluation's cost goes. With `--eval-worker` (pinned),
+evaluations play on a worker of their own beside the learner (`eval.resources`), as on
+a cluster where the learner's host has CPU to spare, instead of beside the actor. Usage:
 
-    python benchmarks/eval_cost.py [--runs 2] [--steps 150] [--every 5] [--frozen] [--pinned] [--out PATH]
+    python benchmarks/eval_cost.py [--runs 2] [--steps 150] [--every 5] [--frozen]
+                                   [--pinned [--eval-worker]] [--out PATH]
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import psutil
-from harness import ROOT, TANDEM, actor_pool, emit, run_tandem, split_cores, steady_rates
+from harness import ROOT, TANDEM, emit, run_pinned, run_tandem, steady_rates
 
 SPEC = "specs/guess-number.yaml"
 FROM_STEP = 60  # the steady part: compiles and the first evaluations' are behind
@@ -29,7 +32,9 @@ def _kind(process: psutil.Process) -> str:
     if TANDEM in command:
         return "flow"
     if "dask worker" in command or "dask scheduler" in command:  # --pinned: started by the benchmark
-        return "workers" if "worker" in command else "scheduler"
+        if "worker" not in command:
+            return "scheduler"
+        return "eval worker" if "eval=1" in command else "workers"
     if "spawn_main" in command:
         return "spawned"  # the learner process and the cluster's workers, told apart below
     return "other"
@@ -93,7 +98,7 @@ class CpuMeter:
         return dict(totals)
 
 
-def one_run(every: int | None, steps: int, work: Path, frozen: bool, pinned: bool) -> dict:
+def one_run(every: int | None, steps: int, work: Path, frozen: bool, pinned: bool, eval_worker: bool) -> dict:
     overrides = ["learner.stop_at_success=null", f"learner.steps={steps}"]
     if frozen:  # the policy barely moves: every step plays alike, and the runs differ only by the evaluations
         overrides.append("learner.optimizer.lr=1e-9")
@@ -101,10 +106,7 @@ def one_run(every: int | None, steps: int, work: Path, frozen: bool, pinned: boo
         overrides.append(f"eval.every={every}")
     with CpuMeter() as meter:
         if pinned:  # as on a cluster: the flow and learner on a core, the actors on the other(s)
-            learner_cores, actor_cores = split_cores()
-            with actor_pool(actor_cores) as address:
-                result = run_tandem(SPEC, [*overrides, f"actors.cluster={address}"], work, cores=learner_cores,
-                                    budget_s=900)
+            result = run_pinned(SPEC, overrides, work, budget_s=900, eval_worker=eval_worker)
         else:
             result = run_tandem(SPEC, overrides, work, cores=None, budget_s=900)
     records = [r for r in result.records if r["step"] >= FROM_STEP]
@@ -128,19 +130,24 @@ def main() -> None:
     parser.add_argument("--pinned", action="store_true",
                         help="the flow and learner on one core, the actors (a Dask scheduler and worker "
                              "started here) on the others, as on a cluster")
+    parser.add_argument("--eval-worker", action="store_true",
+                        help="with --pinned: evaluations on a worker of their own, pinned with the learner")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "eval_cost.json")
     args = parser.parse_args()
+    if args.eval_worker and not args.pinned:
+        parser.error("--eval-worker places a worker by pinning: it needs --pinned")
     rows = []
     with tempfile.TemporaryDirectory(prefix="tandem-eval-cost-") as tmp:
         for i in range(args.runs):
             for every in ((None, args.every) if i % 2 == 0 else (args.every, None)):  # neither always first
                 rows.append(one_run(every, args.steps, Path(tmp) / f"{every or 'off'}-{i}", args.frozen,
-                                    args.pinned))
+                                    args.pinned, args.eval_worker))
                 print(rows[-1], flush=True)
                 time.sleep(2)
     emit(f"Evaluation's cost: steps {FROM_STEP}-{args.steps} of {SPEC}{' (frozen policy)' if args.frozen else ''}, "
-         f"eval off and every {args.every}{', pinned' if args.pinned else ''}", rows, args.out,
-         frozen=args.frozen, pinned=args.pinned)
+         f"eval off and every {args.every}{', pinned' if args.pinned else ''}"
+         f"{', an eval worker beside the learner' if args.eval_worker else ''}", rows, args.out,
+         frozen=args.frozen, pinned=args.pinned, eval_worker=args.eval_worker)
 
 
 if __name__ == "__main__":

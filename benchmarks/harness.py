@@ -79,12 +79,19 @@ def pin_threads(process: psutil.Process, cores: set[int], only: Callable[[int], 
                 os.sched_setaffinity(thread.id, cores)
 
 
+# A run on `actor_pool(..., eval_cores=...)`: the actors on their workers, evaluations on theirs.
+EVAL_WORKER = ["actors.resources={actor: 1}", "eval.resources={eval: 1}"]
+
+
 @contextlib.contextmanager
-def actor_pool(cores: set[int], workers: int = 1, threads: int = 2) -> Iterator[str]:
+def actor_pool(cores: set[int], workers: int = 1, threads: int = 2,
+               eval_cores: set[int] | None = None) -> Iterator[str]:
     """A Dask scheduler and `workers` worker processes, started as commands pinned to
     `cores` as on machines of their own; yields the scheduler's address. By default each
     worker has two threads, as a local cluster's: one for its actor task (which plays
-    every group of the process through one engine), one for other work."""
+    every group of the process through one engine), one for other work. With
+    `eval_cores`, the actors' workers carry the resource `actor` and one more worker,
+    pinned to those cores, `eval`: a run with EVAL_WORKER's overrides evaluates there."""
     from distributed import Client
     from distributed.utils import open_port
 
@@ -97,15 +104,19 @@ def actor_pool(cores: set[int], workers: int = 1, threads: int = 2) -> Iterator[
     dask = str(Path(sys.executable).parent / "dask")
     port = open_port("127.0.0.1")
     address = f"tcp://127.0.0.1:{port}"
-    pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
-    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, preexec_fn=pin)
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                 preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    worker = [dask, "worker", address, "--nworkers", "1", "--no-dashboard", "--no-nanny"]
     processes = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                    "--no-dashboard"], **quiet)]
     try:
-        processes += [subprocess.Popen([dask, "worker", address, "--nthreads", str(threads), "--nworkers", "1",
-                                        "--no-dashboard", "--no-nanny"], **quiet) for _ in range(workers)]
+        tag = ["--resources", "actor=1"] if eval_cores else []
+        processes += [subprocess.Popen([*worker, "--nthreads", str(threads), *tag], **quiet) for _ in range(workers)]
+        if eval_cores:
+            processes.append(subprocess.Popen([*worker, "--nthreads", "1", "--resources", "eval=1"],
+                                              **{**quiet, "preexec_fn": lambda: os.sched_setaffinity(0, eval_cores)}))
         with Client(address, timeout=60) as client:
-            client.wait_for_workers(workers, timeout=60)
+            client.wait_for_workers(workers + bool(eval_cores), timeout=60)
             connect_workers(client)
         yield address
     finally:
@@ -117,6 +128,18 @@ def actor_pool(cores: set[int], workers: int = 1, threads: int = 2) -> Iterator[
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def run_pinned(spec: str, overrides: list[str], run_dir: Path, *, budget_s: float,
+               stop: Callable[[list[dict]], bool] = lambda records: False, eval_worker: bool = False) -> RunResult:
+    """`tandem run` laid out as on a cluster: its flow and learner on one core (`split_cores`),
+    its actors on a Dask pool of their own pinned to the others (`actor_pool`), started for
+    this run and stopped after it; with `eval_worker`, evaluations on a worker of their own
+    beside the learner (EVAL_WORKER)."""
+    learner_cores, actor_cores = split_cores()
+    with actor_pool(actor_cores, eval_cores=learner_cores if eval_worker else None) as address:
+        return run_tandem(spec, [*overrides, *(EVAL_WORKER if eval_worker else []), f"actors.cluster={address}"],
+                          run_dir, cores=learner_cores, budget_s=budget_s, stop=stop)
 
 
 def connect_workers(client) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from flows.spec import load_spec
-from harness import ROOT, actor_pool, emit, reached, run_tandem, split_cores, steady_rates
+from harness import ROOT, emit, reached, run_pinned, steady_rates
 
 WINDOW = 20  # steps the success rate is averaged over
 # Where the learning goes, per trained step (means after the target's first window): the
@@ -53,17 +53,14 @@ def recommended(spec: str, mode: str, latency: float, extra: list[str]) -> tuple
     return audit["recommendation"]["overrides"], audit["recommendation"]
 
 
-def one_run(spec: str, overrides: list[str], seed: int, cap_s: float, target: float, cores, work: Path) -> dict:
-    learner_cores, actor_cores = cores
+def one_run(spec: str, overrides: list[str], seed: int, cap_s: float, target: float, work: Path) -> dict:
     # A batch trained for several updates records a step each, with the same acting success
     # until the next batch: the window spans WINDOW batches, so as many groups as at one update.
     window = WINDOW * load_spec(ROOT / spec, overrides).learner.updates_per_batch
-    with actor_pool(actor_cores) as address:
-        result = run_tandem(spec, [*overrides, f"seed={seed}", f"actors.cluster={address}",
-                                   "learner.stop_at_success=null", "learner.steps=100000",
-                                   "checkpoint.every=100000"],
-                            work / f"seed{seed}", cores=learner_cores, budget_s=cap_s,
-                            stop=lambda records: reached(records, target, window) is not None)
+    result = run_pinned(spec, [*overrides, f"seed={seed}", "learner.stop_at_success=null", "learner.steps=100000",
+                               "checkpoint.every=100000"],
+                        work / f"seed{seed}", budget_s=cap_s,
+                        stop=lambda records: reached(records, target, window) is not None)
     records = result.records
     hit = reached(records, target, window)
     if hit is None and result.stopped_by != "budget":  # it failed: a miss would hide why
@@ -121,7 +118,7 @@ def main() -> None:
                         help="NAME=path=value,path=value: also run each mode under these overrides")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "time_to_target.json")
     args = parser.parse_args()
-    cores, rows = split_cores(), []
+    rows = []
     with tempfile.TemporaryDirectory(prefix="tandem-ttt-") as work:
         for cell in args.cells:
             name, latency = cell.split(":")
@@ -135,7 +132,7 @@ def main() -> None:
                     for label, sets in variants.items():
                         # The audit's overrides set the pool and pace only: the cell's latency is the run's own.
                         run_overrides = [*advice[label][0], f"env.latency_s={latency}", *args.set, *sets]
-                        by_label[label].append(one_run(spec, run_overrides, seed, args.cap, args.target, cores,
+                        by_label[label].append(one_run(spec, run_overrides, seed, args.cap, args.target,
                                                        Path(work) / cell / label.replace(" ", "-")))
                 for label, runs in by_label.items():
                     rows.append(summary(cell, label, runs, advice[label][1].get("staleness_updates")))

@@ -85,6 +85,17 @@ class Spec(Frozen):
                 f"must split into learner.minibatches ({minibatches}) × hosts ({hosts}) equal parts")
         return self
 
+    @model_validator(mode="after")
+    def _eval_resources_need_workers_of_their_own(self) -> "Spec":
+        # A local cluster's workers all carry actors.resources only, each held by its actor
+        # for the session: an evaluation asking for resources would wait for good.
+        if self.eval.resources and self.actors.cluster == "local":
+            raise ValueError(
+                f"eval.resources: {self.eval.resources} need Dask workers started with them, which a local "
+                "cluster does not have; set actors.cluster to a scheduler's address (and start `dask worker "
+                "ADDRESS --resources NAME=N`), or leave eval.resources empty to evaluate beside the actors")
+        return self
+
     @property
     def run_dir(self) -> Path:
         return Path(self.checkpoint.dir or f"runs/{self.name}")

@@ -129,6 +129,12 @@ class EvalConfig(Frozen):
         shapes the actor's engine compiled in the same process: a greedy eval compiles
         nothing new (a sampled one its decode, unless its temperature is the actors').
       retries: Prefect retries of a failed evaluation (a failure never fails training).
+      resources: Dask worker resources an evaluation holds while it plays, e.g. {eval: 1}:
+        evaluations then run only on workers started with them (`dask worker ADDRESS
+        --resources eval=1`, say on the learner host's spare cores), off the actors' CPU;
+        give the actors a resource of their own too (`actors.resources`) to keep them off
+        those workers. {}: any worker, beside an actor. Needs a cluster of such workers
+        (`actors.cluster` an address or a cluster class), not the local one.
     """
 
     every: PositiveInt | None = None
@@ -141,6 +147,7 @@ class EvalConfig(Frozen):
     temperature: PositiveFloat = 1.0
     slots: PositiveInt | None = None
     retries: int = Field(2, ge=0)
+    resources: dict[str, PositiveFloat] = {}
 
     @model_validator(mode="after")
     def _greedy_is_one_sample(self) -> "EvalConfig":

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from typing import Iterator, Mapping
 
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
 
 from tasks.config import ActorsConfig
 from tasks.entrypoints import load
@@ -53,3 +53,11 @@ def cluster_class(name: str, field: str = "actors.cluster") -> type:
         return load(name, {}, "cluster class")
     except ValueError as e:  # raised where the field is not in sight: name it
         raise ValueError(f"{field}: {e}") from None
+
+
+def workers_with(client: Client, resources: Mapping[str, float]) -> list[str]:
+    """The addresses of the workers carrying at least `resources` (all of them for none):
+    the only ones Dask runs a task asking for them on."""
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    return sorted(address for address, worker in info.items()
+                  if all(worker.get("resources", {}).get(name, 0) >= amount for name, amount in resources.items()))

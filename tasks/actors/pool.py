@@ -12,6 +12,7 @@ from typing import Callable, Mapping
 from distributed import Client
 
 from tasks.actors.actor import ActorSetup, run_actor
+from tasks.actors.cluster import workers_with
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, stop_actors
 
 
@@ -42,10 +43,7 @@ class ActorPool:
         only on a worker that has them, pinned or not; until one joins, the actor waits)."""
         if not self.resources:
             return sorted(self.client.nthreads(callback_timeout=SCHEDULER_TIMEOUT_S))
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
-        workers = sorted(address for address, worker in info.items()
-                         if all(worker.get("resources", {}).get(name, 0) >= amount
-                                for name, amount in self.resources.items()))
+        workers = workers_with(self.client, self.resources)
         if not workers:
             self.warn(f"no Dask worker has the resources {self.resources} (actors.resources) yet: "
                       "the actors wait for one")

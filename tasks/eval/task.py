@@ -16,6 +16,7 @@ from distributed import Client
 from prefect.assets import Asset, AssetProperties, materialize
 from prefect.cache_policies import NO_CACHE
 
+from tasks.actors.cluster import workers_with
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S
 from tasks.eval.play import EvalSetup, play_eval
 from tasks.eval.results import record_eval, result_path
@@ -80,12 +81,18 @@ def evaluate_version(setup: EvalSetup, cluster: EvalCluster, target: EvalTarget,
 
 
 def play_on_cluster(setup: EvalSetup, cluster: EvalCluster, params_bytes: bytes, version: int) -> dict:
-    """`play_eval` on a worker of the cluster (beside its actor task: a local cluster's
-    workers have a thread for such work), the weights sent to it directly (unhashed: each
-    version's are new, and hashing them cost the scheduler's process ~15 ms a time)."""
-    client = cluster.client()
-    data = client.scatter(params_bytes, direct=True, hash=False)
-    future = client.submit(play_eval, setup, data, version, pure=False)
+    """`play_eval` on a worker of the cluster: one carrying `eval.resources`, or with none
+    asked any (beside its actor task: a local cluster's workers have a thread for such
+    work); the weights sent to it directly (unhashed: each version's are new, and hashing
+    them cost the scheduler's process ~15 ms a time)."""
+    client, resources = cluster.client(), dict(setup.eval.resources)
+    workers = workers_with(client, resources) if resources else None
+    if resources and not workers:  # Dask would hold the task until one joins: say so, and retry
+        raise RuntimeError(f"no Dask worker of {cluster.address} has the resources {resources} (eval.resources): "
+                           f"start one with `dask worker {cluster.address} --resources "
+                           f"{','.join(f'{k}={v:g}' for k, v in resources.items())}`")
+    data = client.scatter(params_bytes, direct=True, hash=False, workers=workers)
+    future = client.submit(play_eval, setup, data, version, pure=False, resources=resources or None)
     try:
         return future.result(timeout=RESULT_TIMEOUT_S)
     finally:

@@ -69,3 +69,19 @@ def test_actor_pool_runs_pinned_dask_processes_and_stops_them():
         assert len(pids) == 3  # the scheduler and two workers
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                    for pid in pids)
+
+
+def test_an_eval_worker_is_pinned_apart_and_carries_the_eval_resource():
+    import os
+
+    from distributed import Client
+
+    from harness import actor_pool
+
+    cores = sorted(os.sched_getaffinity(0))
+    actor_cores, eval_cores = {cores[0]}, {cores[-1]}
+    with actor_pool(actor_cores, eval_cores=eval_cores) as address, Client(address) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        placed = client.run(lambda: sorted(os.sched_getaffinity(0)))
+        assert {tuple(w["resources"].items()): placed[a] for a, w in workers.items()} == {
+            (("actor", 1),): sorted(actor_cores), (("eval", 1),): sorted(eval_cores)}

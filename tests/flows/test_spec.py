@@ -94,6 +94,15 @@ def test_cross_field_check_names_the_fields():
     assert str(e.value.issues[0]).startswith("learner.buckets (line 2): the largest bucket (32)")
 
 
+def test_eval_resources_need_a_cluster_whose_workers_carry_them():
+    text = "actors: {cluster: local}\neval: {every: 5, held_out: false, resources: {eval: 1}}\n"
+    with pytest.raises(SpecError) as e:
+        parse_spec(text)
+    assert str(e.value.issues[0]).startswith("eval.resources (line 2): {'eval': 1.0} need Dask workers started with")
+    spec = parse_spec(text, ["actors.cluster=tcp://10.0.0.1:8786"])
+    assert spec.eval.resources == {"eval": 1.0}
+
+
 def test_sync_mode_publishes_once_per_batch():
     assert parse_spec("learner: {mode: sync, epochs: 2}\nsync: {interval: 2}\n").sync.interval == 2
     with pytest.raises(SpecError) as e:
