@@ -3,10 +3,14 @@ and without `eval.every`, alternated, and the CPU time each process of the run s
 (the flow and its task, the learner process, the actors' workers, the Prefect server),
 so that the difference says where an evaluation's cost goes. With `--eval-worker` (pinned),
 evaluations play on a worker of their own beside the learner (`eval.resources`), as on
-a cluster where the learner's host has CPU to spare, instead of beside the actor. Usage:
+a cluster where the learner's host has CPU to spare, instead of beside the actor.
+`--part task-runs` measures apart what Prefect costs per task run: the server's CPU and
+this process's for a plain task run and for an evaluation's (`evaluate_version`: its asset,
+lineage and results recorded, the play on the cluster replaced by a fixed outcome). Usage:
 
     python benchmarks/eval_cost.py [--runs 2] [--steps 150] [--every 5] [--frozen]
                                    [--pinned [--eval-worker]] [--out PATH]
+    python benchmarks/eval_cost.py --part task-runs [--task-runs 40]
 """
 
 from __future__ import annotations
@@ -119,6 +123,55 @@ def one_run(every: int | None, steps: int, work: Path, frozen: bool, pinned: boo
             "cpu all s": round(sum(cpu.values()), 1)}
 
 
+def task_run_costs(n: int, work: Path) -> list[dict]:
+    """CPU ms per task run (module docstring), each kind after one warm-up run."""
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.server import start_local_server
+    from learner.config import ModelConfig
+    from tasks.config import ActorsConfig, EnvConfig, EvalConfig
+    from tasks.eval import task as eval_task
+    from tasks.eval.play import EvalSetup
+
+    api_url, _ = start_local_server()
+    server = next(p for p in psutil.process_iter() if _kind(p) == "prefect server")
+    (work / "spec.yaml").write_text("name: task-runs\n")
+    setup = EvalSetup(EvalConfig(every=1), EnvConfig(), ActorsConfig(), ModelConfig(), ("p",))
+    outcome = {"scores": {"prompts": 1, "episodes": 1, "success_rate": 1.0, "reward_mean": 1.0}, "episodes": []}
+    eval_task.play_on_cluster = lambda *args: outcome  # Prefect's part and the recording only
+
+    @task(cache_policy=NO_CACHE, persist_result=False)
+    def plain(i: int) -> int:
+        return i
+
+    def evaluation(i: int) -> dict:
+        target = eval_task.EvalTarget("task-runs", work, i, i, None)
+        return eval_task.evaluate_version(setup, eval_task.EvalCluster("unused"), target, b"")
+
+    @flow
+    def measure(kind: str) -> dict:
+        run = plain if kind == "plain task" else evaluation
+        run(-1)
+        time.sleep(3)  # the warm-up's events ingested
+        start = [_cpu(server), _cpu(psutil.Process())]
+        for i in range(n):
+            run(i)
+            time.sleep(0.05)
+        time.sleep(5)  # the server ingests the last events
+        return {"task run": kind, "server ms": 1e3 * (_cpu(server) - start[0]) / n,
+                "this process ms": 1e3 * (_cpu(psutil.Process()) - start[1]) / n}
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        return [measure(kind) for kind in ("plain task", "evaluation", "plain task", "evaluation")]
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2, help="runs of each setting, alternated")
@@ -132,8 +185,15 @@ def main() -> None:
                              "started here) on the others, as on a cluster")
     parser.add_argument("--eval-worker", action="store_true",
                         help="with --pinned: evaluations on a worker of their own, pinned with the learner")
+    parser.add_argument("--part", choices=["step-rate", "task-runs"], default="step-rate")
+    parser.add_argument("--task-runs", type=int, default=40, help="task-runs: runs of each kind")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "eval_cost.json")
     args = parser.parse_args()
+    if args.part == "task-runs":
+        with tempfile.TemporaryDirectory(prefix="tandem-task-runs-") as tmp:
+            rows = task_run_costs(args.task_runs, Path(tmp))
+        emit(f"Prefect's CPU per task run ({args.task_runs} of each kind, twice, alternated)", rows, args.out)
+        return
     if args.eval_worker and not args.pinned:
         parser.error("--eval-worker places a worker by pinning: it needs --pinned")
     rows = []
