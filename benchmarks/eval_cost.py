@@ -73,8 +73,7 @@ class CpuMeter:
                     if kind is None:
                         continue
                     self._kinds[process.pid] = kind
-                    times = process.cpu_times()
-                    seconds = times.user + times.system
+                    seconds = _cpu(process)
                     self._start.setdefault(process.pid, seconds if process.pid in self._before else 0.0)
                     self.spent[process.pid] = seconds - self._start[process.pid]
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -3,8 +3,6 @@ even when that worker was the only one."""
 
 import contextlib
 import os
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
@@ -13,6 +11,7 @@ from distributed import Client, LocalCluster
 from tasks.actors import pool as pool_module
 from tasks.actors.pool import ActorPool
 from tasks.buffer.channels import Channels
+from tests.support.clusters import tagged_worker
 
 
 def plays_until_stopped(actor_id, setup):
@@ -57,21 +56,9 @@ def test_an_actor_whose_only_worker_died_runs_again_on_its_restarted_worker(monk
 def test_actors_with_resources_run_only_on_the_worker_that_has_them(monkeypatch):
     monkeypatch.setattr(pool_module, "run_actor", plays_until_stopped)
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        tagged = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
-                                   "--nthreads", "2", "--resources", "GPU=2", "--no-dashboard"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  # where pytest imported this module from, for the actors' stand-in
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        try:
-            client.wait_for_workers(2, timeout=60)
-            [gpu_worker] = [address for address, worker in client.scheduler_info(n_workers=-1)["workers"].items()
-                            if worker["resources"].get("GPU")]
-            pool = ActorPool(client, SimpleNamespace(channels=Channels("gpu")), 2, log=print, resources={"GPU": 1})
-            pool.start()
-            wait_until(lambda: len(running(client)) == 2)
-            assert {key for key in client.processing()[gpu_worker]} == {f.key for f in pool.futures}
-            client.cancel(pool.futures)
-        finally:
-            tagged.terminate()
-            tagged.wait(timeout=30)
+            Client(cluster) as client, tagged_worker(client, "GPU=2", nthreads=2) as gpu_worker:
+        pool = ActorPool(client, SimpleNamespace(channels=Channels("gpu")), 2, log=print, resources={"GPU": 1})
+        pool.start()
+        wait_until(lambda: len(running(client)) == 2)
+        assert {key for key in client.processing()[gpu_worker]} == {f.key for f in pool.futures}
+        client.cancel(pool.futures)

@@ -2,9 +2,6 @@
 when the spec asks for them (off the actors' worker), and a clear error when none has them."""
 
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -18,6 +15,7 @@ from tasks.actors.envs import resolve_entrypoint
 from tasks.eval.play import EvalSetup
 from tasks.eval.prompts import eval_prompts
 from tasks.eval.task import EvalCluster, play_on_cluster
+from tests.support.clusters import tagged_worker
 
 
 def setup_asking(resources: dict) -> tuple[EvalSetup, bytes]:
@@ -32,19 +30,8 @@ def setup_asking(resources: dict) -> tuple[EvalSetup, bytes]:
 def cluster_with_an_eval_worker():
     """A local cluster's worker (the actors') and one started with `--resources eval=1`."""
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        tagged = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
-                                   "--nthreads", "1", "--resources", "eval=1", "--no-dashboard"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        try:
-            client.wait_for_workers(2, timeout=60)
-            [eval_worker] = [address for address, worker in client.scheduler_info(n_workers=-1)["workers"].items()
-                             if worker["resources"].get("eval")]
-            yield client, eval_worker
-        finally:
-            tagged.terminate()
-            tagged.wait(timeout=30)
+            Client(cluster) as client, tagged_worker(client, "eval=1", nthreads=1) as eval_worker:
+        yield client, eval_worker
 
 
 def test_an_eval_asking_for_resources_plays_on_the_worker_that_has_them(cluster_with_an_eval_worker):
