@@ -4,7 +4,15 @@ groups in the buffer, playing up to `actors.actors` groups at once.
 All the groups a process plays share its generation service (one batched engine) and one
 weight follower, whichever actor tasks of the session run there. The event loop plays the
 episodes; blocking Dask calls (reading prompts, sending to the buffer) run in threads so
-that no episode waits on them.
+that no episode waits on them: a few threads of the actor's own, apart from those of
+blocking environment calls (`tasks.actors.env_calls.EnvThreads`, one per episode at once),
+so that environment calls that hang can hold neither them nor the other episodes' threads
+(a hung call's thread is replaced, up to `env_calls.MAX_HUNG` of them).
+
+An environment object serves one episode at a time (README, "Environments"). When a group
+ends while a call of one of its environments still runs (a timeout: the thread is not
+stopped; or the group cancelled), that environment is retired: closed once the call
+returns, and a new instance, `Class(**env.kwargs)`, takes its place in the next group.
 """
 
 from __future__ import annotations
@@ -15,10 +23,12 @@ import contextlib
 import dataclasses
 import threading
 import time
+from typing import Callable
 
 from distributed import Client, Event, Queue, get_client
 
 from learner.config import ModelConfig
+from tasks.actors.env_calls import EnvCalls, EnvThreads
 from tasks.actors.envs import resolve_entrypoint
 from tasks.actors.generation import GenerationService, make_engine
 from tasks.actors.rollout import GroupRunner
@@ -30,6 +40,8 @@ from tasks.buffer.writer import BufferWriter, EntryChecks
 from tasks.config import ActorsConfig, BufferConfig, EnvConfig
 
 FLUSH_S = 0.01  # finished groups wait at most about this long to be sent together
+IO_THREADS = 4  # the actor's Dask calls at once: a prompt read, a flush, a stop check
+MAX_ENV_THREADS = 256  # threads for blocking environment calls, besides those hung calls hold
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +62,7 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
     The learner stops actors by setting the stop event and sending each a `None` prompt."""
     client = get_client()
     with process_generation(setup, client) as (service, follower):
-        actor = _Actor(actor_id, setup, client, service, follower)
+        actor = _Actor.connect(actor_id, setup, client, service, follower)
         return asyncio.run(actor.run())
 
 
@@ -82,48 +94,68 @@ def process_generation(setup: ActorSetup, client: Client):
 
 
 class _Actor:
-    def __init__(self, actor_id: int, setup: ActorSetup, client: Client, service: GenerationService,
-                 follower: WeightFollower):
-        self.id, self.setup, self.service, self.follower = actor_id, setup, service, follower
-        self.prompts = Queue(setup.channels.prompts(actor_id), client=client)
-        self.stop = Event(setup.channels.stop, client=client)
+    @classmethod
+    def connect(cls, actor_id: int, setup: ActorSetup, client: Client, service: GenerationService,
+                follower: WeightFollower) -> "_Actor":
+        """The actor `actor_id` of the session, reading its prompts and writing its groups
+        through `client`."""
         checks = EntryChecks({name: resolve_filter(name) for name in setup.buffer.filters},
                              vocab_size=setup.model.vocab_size, max_len=setup.model.max_len)
-        self.writer = BufferWriter(actor_id, setup.channels, client, checks, setup.buffer.inline_bytes)
-        env_class = resolve_entrypoint(setup.env.entrypoint)
-        # One environment per episode played at once, reused through `reset`.
-        self.envs = [[env_class(**setup.env.kwargs) for _ in range(setup.actors.group_size)]
-                     for _ in range(setup.actors.actors)]
-        self.runner = GroupRunner.build(service, setup.env, setup.actors, setup.model, setup.seed)
-        self.stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "queue_put_s": 0.0}
+        return cls(actor_id, setup, Queue(setup.channels.prompts(actor_id), client=client),
+                   Event(setup.channels.stop, client=client),
+                   BufferWriter(actor_id, setup.channels, client, checks, setup.buffer.inline_bytes),
+                   service, follower)
+
+    def __init__(self, actor_id: int, setup: ActorSetup, prompts: Queue, stop: Event, writer: BufferWriter,
+                 service: GenerationService, follower: WeightFollower):
+        self.id, self.setup, self.service, self.follower = actor_id, setup, service, follower
+        self.prompts, self.stop, self.writer = prompts, stop, writer
+        self.env_class = resolve_entrypoint(setup.env.entrypoint)
+        episodes = setup.actors.actors * setup.actors.group_size
+        # One environment per episode played at once, reused through `reset` (None: the
+        # place of a retired one, built anew when its set is next used).
+        self.envs: list[list] = [[self._new_env() for _ in range(setup.actors.group_size)]
+                                 for _ in range(setup.actors.actors)]
+        # Blocking environment calls: a thread for every episode at once (module docstring).
+        self.calls = EnvCalls(EnvThreads(min(MAX_ENV_THREADS, episodes)))
+        self.io = concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix=f"actor-{actor_id}-io")
+        self.runner = GroupRunner.build(service, setup.env, setup.actors, setup.model, setup.seed, self.calls)
+        self.stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "queue_put_s": 0.0, "retired_envs": 0}
 
     async def run(self) -> dict:
-        loop = asyncio.get_running_loop()
-        # Blocking environments' calls run in threads: enough for every episode at once.
+        # The threads of async environments' own blocking work (`run_in_executor(None)`, as
+        # the sandbox's): enough for every episode at once.
         episodes = self.setup.actors.actors * self.setup.actors.group_size
-        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(min(256, episodes + 4)))
-        await asyncio.to_thread(self.writer.hello)
-        await asyncio.to_thread(self.follower.wait_first)
-        flusher = asyncio.create_task(self._flush_every(FLUSH_S))
+        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(min(256, episodes + 4)))
+        flusher: asyncio.Task | None = None
         playing: set[asyncio.Task] = set()
         try:
-            while (message := await asyncio.to_thread(self.prompts.get)) is not None:
-                if await asyncio.to_thread(self.stop.is_set):
+            await self._io(self.writer.hello)
+            await self._io(self.follower.wait_first)
+            flusher = asyncio.create_task(self._flush_every(FLUSH_S))
+            while (message := await self._io(self.prompts.get)) is not None:
+                if await self._io(self.stop.is_set):
                     break
                 for wire in message["prompts"]:
                     await self._start(Prompt.from_wire(wire), message["version"], playing)
         finally:
             for task in playing:
                 task.cancel()
-            flusher.cancel()
+            if flusher is not None:
+                flusher.cancel()
+            self.io.shutdown(wait=False)
         # Shapes compiled by this process's engine, bounded by its slots and window (learner.engine).
         return {**self.stats, "compiles": self.service.engine.compiles, "prefix": self.service.engine.admitted}
+
+    async def _io(self, call: Callable, *args):
+        """A blocking Dask call, in the actor's own threads: no environment call can hold them."""
+        return await asyncio.get_running_loop().run_in_executor(self.io, call, *args)
 
     async def _start(self, prompt: Prompt, version: int, playing: set) -> None:
         """Starts playing `prompt` once an environment set is free."""
         while not self.envs:
             await asyncio.wait(playing, return_when=asyncio.FIRST_COMPLETED)
-        envs = self.envs.pop()
+        envs = [env if env is not None else self._new_env() for env in self.envs.pop()]
         task = asyncio.create_task(self._play(prompt, version, envs))
         playing.add(task)
         task.add_done_callback(playing.discard)
@@ -135,10 +167,22 @@ class _Actor:
             pin = self.follower.latest if self.setup.actors.on_sync != "retract" else None
             group = await self.runner.run(prompt.id, prompt.text, prompt.attempt, envs, pin)
         finally:
-            self.envs.append(envs)
+            self.envs.append(self._released(envs))
         self.stats["rollout_s"] += time.perf_counter() - start
         self.stats["groups"] += 1
         self.writer.add(dataclasses.replace(group, arrival_version=self.service.version))
+
+    def _released(self, envs: list) -> list:
+        """The set after its group: an environment with a call still running (its group
+        timed out or was cancelled) is retired, closed when that call returns, and leaves
+        its place empty: an environment serves one episode at a time."""
+        kept = [env if self.calls.release(env) else None for env in envs]
+        self.stats["retired_envs"] += kept.count(None)
+        return kept
+
+    def _new_env(self):
+        """An error building one fails the actor, as it would at the start."""
+        return self.env_class(**self.setup.env.kwargs)
 
     async def _loaded(self, version: int) -> None:
         """Waits until the engine has been handed `version` (or a newer one): a prompt is
@@ -153,5 +197,5 @@ class _Actor:
             await asyncio.sleep(seconds)
             if self.writer.pending:
                 start = time.perf_counter()
-                await asyncio.to_thread(self.writer.flush)
+                await self._io(self.writer.flush)
                 self.stats["queue_put_s"] += time.perf_counter() - start

@@ -9,13 +9,16 @@ Which weights a group uses follows `actors.on_sync` (README, "Versions, stalenes
 buffer"): "retract" follows the latest (the engine switches at a check boundary and
 recomputes the cache), "finish" keeps the version the group started with, "abort" keeps it
 too and drops the group if a newer one is published before an action completes.
+
+Environment calls go through the runner's `EnvCalls` (`tasks.actors.env_calls`): blocking
+ones in threads of their own, and every environment's calls not yet returned known, so
+that an actor hands no environment to an episode while a timed-out call still runs in it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import random
 import time
 from typing import Any, Awaitable, Callable, Hashable
@@ -26,6 +29,7 @@ from learner.chat import ChatTokenizer, make_tokenizer
 from learner.config import ModelConfig
 from learner.engine import Completion, Request
 from learner.trajectory import OBSERVATION, Group, Sample
+from tasks.actors.env_calls import EnvCalls
 from tasks.config import ActorsConfig, EnvConfig
 
 Generate = Callable[[Request], Awaitable[Completion]]
@@ -69,12 +73,16 @@ class GroupRunner:
     actors_config: ActorsConfig
     max_len: int  # the model's context window
     seed: int = 0
+    calls: EnvCalls = dataclasses.field(default_factory=EnvCalls, repr=False)  # where env calls run
     _rng: random.Random = dataclasses.field(default_factory=random.Random, repr=False)  # latencies
 
     @classmethod
-    def build(cls, service, env: EnvConfig, actors: ActorsConfig, model: ModelConfig, seed: int = 0) -> "GroupRunner":
-        """A runner of the spec's settings playing through `service` (a `GenerationService`)."""
-        return cls(service.generate, service.release, make_tokenizer(model), env, actors, model.max_len, seed)
+    def build(cls, service, env: EnvConfig, actors: ActorsConfig, model: ModelConfig, seed: int = 0,
+              calls: EnvCalls | None = None) -> "GroupRunner":
+        """A runner of the spec's settings playing through `service` (a `GenerationService`),
+        its environment calls through `calls` (by default, its own)."""
+        return cls(service.generate, service.release, make_tokenizer(model), env, actors, model.max_len, seed,
+                   calls or EnvCalls())
 
     async def run(self, prompt_id: int, prompt: str, attempt: int, envs: list,
                   pin: tuple[int, Any] | None = None) -> Group:
@@ -100,7 +108,7 @@ class GroupRunner:
 
     async def _turns(self, env, prompt: str, ids: tuple[int, int, int], pin) -> _Episode:
         episode = _Episode(*[list(x) for x in _start(self.tokenizer)])
-        episode.observe(self._encode(await self._env_call(env.reset, prompt), first=True))
+        episode.observe(self._encode(await self._env_call(env, env.reset, prompt), first=True))
         for turn in range(self.env_config.max_turns):
             completion = await self._act(episode, ids, turn, pin)
             episode.act(completion)
@@ -130,7 +138,7 @@ class GroupRunner:
     async def _step(self, env, action: str):
         if self.env_config.latency_s:
             await asyncio.sleep(self._latency())
-        result = await self._env_call(env.step, action)
+        result = await self._env_call(env, env.step, action)
         if not (isinstance(result, tuple) and len(result) == 4):
             raise EpisodeAborted(f"env.step must return (obs, reward, done, info), got {result!r:.100}")
         reward = result[1]
@@ -149,11 +157,11 @@ class GroupRunner:
             return self._rng.expovariate(1 / mean)
         return mean
 
-    async def _env_call(self, method, *args):
+    async def _env_call(self, env, method, *args):
         timeout = self.env_config.step_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                return await call_env(method, *args)
+                return await self.calls.call(env, method, *args)
         except TimeoutError:
             raise EpisodeAborted(f"env step timeout after {timeout}s") from None
         except (EpisodeAborted, asyncio.CancelledError):
@@ -170,20 +178,10 @@ class GroupRunner:
             raise EpisodeAborted(f"observation {obs!r:.60}: {e}") from None
 
 
-async def call_env(method, *args):
-    """Awaits an async env method; runs a plain one inline if its class declares
-    `blocking = False` (pure computation: a thread hop would cost more than the step),
-    else in a thread, so that a slow tool call does not stall the other episodes."""
-    if inspect.iscoroutinefunction(method):
-        return await method(*args)
-    if not getattr(method.__self__, "blocking", True):
-        return method(*args)
-    return await asyncio.to_thread(method, *args)
-
-
 async def _all(coroutines) -> list:
     """Every result, or the first exception with the others cancelled (an aborted group's
-    other episodes stop at once, freeing their slots and environments)."""
+    other episodes stop at once, freeing their slots; an environment still inside a call
+    is retired by the actor, `EnvCalls.release`)."""
     tasks = [asyncio.ensure_future(c) for c in coroutines]
     try:
         return await asyncio.gather(*tasks)

@@ -1,5 +1,7 @@
 """Environments that misbehave, for fault tests. Importable by Dask workers (PYTHONPATH=repo)."""
 
+import contextlib
+import threading
 import time
 from pathlib import Path
 
@@ -26,3 +28,51 @@ class HangsOnce(GuessNumber):
             marker.touch()
             time.sleep(self.hang_s)
         return super().step(action)
+
+
+class OneSessionEach:
+    """A stateful tool (a shell, a browser): each instance is one session, which must serve
+    one episode at a time.
+
+    Every call is logged in `OneSessionEach.log` as [instance, call, prompt, start, end]
+    (monotonic seconds; end None while it runs), `close` included. `step` of a prompt that
+    starts with "hang" blocks until `OneSessionEach.release` is set (at most `hang_s`, so
+    that no test leaves a thread behind for long); other prompts end in one step. The log
+    and the event are class attributes, shared by every instance an actor builds: tests
+    reset them (`OneSessionEach.fresh()`).
+    """
+
+    log: list = []
+    release = threading.Event()
+
+    def __init__(self, hang_s: float = 30.0):
+        self.hang_s = hang_s
+        self.prompt = None
+
+    @classmethod
+    def fresh(cls) -> None:
+        cls.log, cls.release = [], threading.Event()
+
+    def reset(self, prompt: str) -> str:
+        self.prompt = prompt
+        with self._call("reset"):
+            return ":"
+
+    def step(self, action: str):
+        with self._call("step"):
+            if self.prompt.startswith("hang"):
+                self.release.wait(self.hang_s)
+            return ":", 1.0, True, {"success": True}
+
+    def close(self) -> None:
+        with self._call("close"):
+            pass
+
+    @contextlib.contextmanager
+    def _call(self, name: str):
+        record = [self, name, self.prompt, time.monotonic(), None]
+        self.log.append(record)
+        try:
+            yield
+        finally:
+            record[4] = time.monotonic()

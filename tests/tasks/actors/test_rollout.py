@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+import threading
 import time
 
 import jax
@@ -132,6 +133,45 @@ def test_episode_timeout_aborts(params):
 def test_step_timeout_aborts(params):
     group = play(Hang, params, timeout=30.0, step_timeout_s=0.3)
     assert group.aborted == "env step timeout after 0.3s"
+
+
+class Blocks(Countdown):
+    """A stateful tool whose step blocks until `release` is set; records its `close`."""
+
+    def __init__(self, release: threading.Event, closed: list):
+        super().__init__()
+        self.release, self.closed = release, closed
+
+    def step(self, action):
+        self.release.wait(30)
+        return super().step(action)
+
+    def close(self):
+        self.closed.append(self)
+
+
+def test_an_env_whose_step_outlives_its_group_is_not_free_until_it_returns(params):
+    """A step timeout stops the await, not the thread: the group's environments are still
+    inside `step`, so they are retired (`EnvCalls.release`), and closed once it returns."""
+    release, closed = threading.Event(), []
+    envs = [Blocks(release, closed) for _ in range(3)]
+    service = service_with(params)
+    try:
+        runner = runner_for(service, step_timeout_s=0.2)
+        group = asyncio.run(runner.run(7, "p", 1, envs))
+        assert group.aborted == "env step timeout after 0.2s"
+        assert [runner.calls.release(env) for env in envs] == [False, False, False] and closed == []
+        release.set()
+        deadline = time.monotonic() + 5
+        while len(closed) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(map(id, closed)) == sorted(map(id, envs))
+        free = [Countdown() for _ in range(3)]
+        assert asyncio.run(runner.run(8, "p", 1, free)).aborted is None
+        assert [runner.calls.release(env) for env in free] == [True, True, True]
+    finally:
+        release.set()
+        service.stop()
 
 
 def test_nan_reward_is_recorded_and_found_invalid(params):
