@@ -89,8 +89,10 @@ def _handler(console: Console) -> tuple[logging.Handler, str]:
 
 class LiveDisplay:
     """The learner's progress in one live line: step of total, a bar, version, success,
-    reward, groups buffered, the learner's busy time and an ETA. Where the output is not
-    a terminal (a pipe, a CI log), a plain line every `every_s` seconds instead."""
+    reward, entropy and the filtered share (in red, with a `!`, past their warning levels:
+    entropy collapse coming), groups buffered, the learner's busy time and an ETA. Where
+    the output is not a terminal (a pipe, a CI log), a plain line every `every_s` seconds
+    instead, marked by the `!` alone."""
 
     def __init__(self, console: Console, total_steps: int, stop_at_success: float | None,
                  every_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
@@ -131,7 +133,8 @@ class LiveDisplay:
         if p is None:
             return "starting: Dask actors, the learner process, its first compile"
         success = f"success {p.success_rate:.0%} | " if p.success_rate is not None else ""
-        return (f"version {p.version} | {success}reward {p.reward_mean:.2f} | buffered {p.buffered} | "
+        signs = "".join(f"{_warned(text) if warned else text} | " for text, warned in p.collapse_signs())
+        return (f"version {p.version} | {success}reward {p.reward_mean:.2f} | {signs}buffered {p.buffered} | "
                 f"busy {p.learner_busy:.0%} | {self._eta()}{self._interrupt_note()}")
 
     def _eta(self) -> str:
@@ -150,3 +153,8 @@ class LiveDisplay:
         if INTERRUPT.is_set():
             return " | Ctrl-C: stopping at the next version (Ctrl-C again: at once)"
         return ""
+
+
+def _warned(text: str) -> str:
+    """Rich markup of a sign past its warning level; printed off a terminal, only the `!` shows."""
+    return f"[bold red]{text}![/]"

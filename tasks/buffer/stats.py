@@ -1,5 +1,6 @@
 """What the buffer saw between two learner steps: the learner's waits, the actors' blocked
-puts, the staleness of the groups taken, and how the episodes finished meanwhile scored."""
+puts, the staleness of the groups taken, how the episodes finished meanwhile scored, and
+how many of the finished groups an entry filter dropped."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ class IntakeCounts:
     reward_sum: float = 0.0
     successes: int = 0
     judged: int = 0  # episodes whose environment reported success
+    buffered: int = 0  # groups the actors put into the buffer
+    filtered: int = 0  # groups an entry filter dropped (excluded as "filtered")
+
+    @property
+    def filtered_share(self) -> float | None:
+        """Of the groups that played to their end (buffered or filtered), the share a filter
+        dropped: near 1 when a collapsed policy gives every episode of a group the same
+        reward (README, "The run directory"). None if no group finished."""
+        finished = self.buffered + self.filtered
+        return self.filtered / finished if finished else None
 
 
 class IntakeStats:
@@ -37,9 +48,15 @@ class IntakeStats:
             self._counts.blocked_s += seconds
 
     def reported(self, report: dict) -> None:
-        """An actor's report: its episodes' outcomes."""
+        """An actor's report (`BufferWriter`): its group buffered or excluded, and its
+        episodes' outcomes. Aborted and invalid groups count in neither the buffered nor
+        the filtered: they did not play to their end."""
         with self._lock:
             c = self._counts
+            if report["event"] == "buffered":
+                c.buffered += 1
+            elif report["event"] == "excluded" and report["reason"] == "filtered":
+                c.filtered += 1
             if "episodes" in report:
                 c.episodes += report["episodes"]
                 c.reward_sum += report["reward_sum"]

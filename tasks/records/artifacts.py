@@ -77,12 +77,10 @@ class ProgressRecord:
             self._last = now
             update_progress_artifact(self.id, self._percent(step), self._describe(step, version))
 
-    def finish(self, step: int, version: int, stopped: str | None) -> None:
-        """The last update: 100% once training is over (at the step target or, earlier, at the
-        success target), and why it stopped."""
-        why = {"steps": "finished", "success": "stopped early at the success target",
-               "interrupted": "interrupted"}.get(stopped or "", "stopped")
-        percent = self._percent(step) if stopped == "interrupted" else 100.0
+    def finish(self, step: int, version: int, why: str, *, complete: bool) -> None:
+        """The last update: 100% once training is over (`complete`: it ended by itself, not
+        interrupted), and `why` it stopped."""
+        percent = 100.0 if complete else self._percent(step)
         update_progress_artifact(self.id, percent, f"{self.run_name}: {why} at step {step} of "
                                                    f"{self.total_steps}, version {version}")
 

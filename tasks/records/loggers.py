@@ -10,6 +10,7 @@ import time
 from typing import Callable, Iterator, Protocol
 
 from tasks.records.step import StepRecord
+from tasks.records.warnings import entropy_collapsing, filtered_too_often
 
 
 class Logger(Protocol):
@@ -44,16 +45,30 @@ class Progress:
     buffered: int  # groups in the buffer (queued or prefetched; a queue item may bundle several)
     learner_busy: float
     loss: float
+    entropy: float | None = None  # of the trained tokens; None if the loss reports none
+    filtered_share: float | None = None  # None until a group finished
 
     @classmethod
     def of(cls, r: StepRecord) -> "Progress":
         return cls(step=r.step, version=r.version, reward_mean=r.reward_mean, success_rate=r.success_rate,
-                   buffered=r.buffer_depth, learner_busy=r.learner_busy, loss=r.train.get("loss", float("nan")))
+                   buffered=r.buffer_depth, learner_busy=r.learner_busy, loss=r.train.get("loss", float("nan")),
+                   entropy=r.train.get("entropy"), filtered_share=r.filtered_share)
+
+    def collapse_signs(self) -> list[tuple[str, bool]]:
+        """The signs of entropy collapse, as (text, past its warning level) pairs: one
+        wording for the log line and the live display, which marks them in its own way."""
+        signs = []
+        if self.entropy is not None:
+            signs.append((f"entropy {self.entropy:.2g}", entropy_collapsing(self.entropy)))
+        if self.filtered_share is not None:
+            signs.append((f"filtered {self.filtered_share:.0%}", filtered_too_often(self.filtered_share)))
+        return signs
 
     def line(self) -> str:
-        """As `PROGRESS_LINE` matches it."""
+        """As `PROGRESS_LINE` matches it; a `!` marks a sign past its warning level."""
         success = f" success {self.success_rate:.0%}" if self.success_rate is not None else ""
-        return (f"step {self.step} version {self.version} | reward {self.reward_mean:.3f}{success} | "
+        signs = "".join(f"{text}{'!' if warned else ''} | " for text, warned in self.collapse_signs())
+        return (f"step {self.step} version {self.version} | reward {self.reward_mean:.3f}{success} | {signs}"
                 f"buffered {self.buffered} | learner busy {self.learner_busy:.0%} | loss {self.loss:.4f}")
 
 

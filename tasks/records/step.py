@@ -26,7 +26,10 @@ class StepRecord:
 
     `reward_mean` and `success_rate` are the acting policy's: over every group finished since
     the previous record, trained on or filtered (None while the environment reports no
-    success); `trained_reward_mean` is the batch's. `train` holds the loss metrics.
+    success); `trained_reward_mean` is the batch's. `filtered_share` is the acting policy's
+    too: of those groups, the share an entry filter dropped (None until one finished).
+    Where no group finished since the previous record, all three carry its values.
+    `train` holds the loss metrics.
     """
 
     step: int
@@ -35,6 +38,7 @@ class StepRecord:
     reward_mean: float
     trained_reward_mean: float
     success_rate: float | None
+    filtered_share: float | None  # of the groups finished (buffered or filtered), filtered
     learner_busy: float  # fraction of wall time in train steps since the previous record
     train_s: float
     take_s: float  # taking the batch from the buffer, waiting included
@@ -64,7 +68,7 @@ class StepRecord:
 
     def to_json(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "train"}
-        for optional in ("success_rate", "trained_success_rate"):
+        for optional in ("success_rate", "filtered_share", "trained_success_rate"):
             if fields[optional] is None:
                 del fields[optional]
         return {**fields, **self.train}
@@ -84,6 +88,7 @@ class StepMeter:
         self._reader, self._ledger, self._weights, self._learner = reader, ledger, weights, learner
         self._last = time.perf_counter()
         self._acting: tuple[float, float | None] | None = None  # latest (reward, success) of finished groups
+        self._filtered_share: float | None = None  # latest, of finished groups
         self._take_s = self._publish_s = 0.0  # since the last record
 
     def took(self, seconds: float) -> None:
@@ -100,12 +105,14 @@ class StepMeter:
             success = intake.successes / intake.judged if intake.judged else None
             self._acting = (intake.reward_sum / intake.episodes, success)
         reward, success = self._acting or (trained, None)
+        if intake.filtered_share is not None:
+            self._filtered_share = intake.filtered_share
         version = self._weights.current
         behind, updates = _token_staleness(groups, version, update.step, self._weights.interval)
         take_s, publish_s, self._take_s, self._publish_s = self._take_s, self._publish_s, 0.0, 0.0
         return StepRecord(
             step=update.step, version=version, time=time.time(), reward_mean=reward,
-            trained_reward_mean=trained, success_rate=success,
+            trained_reward_mean=trained, success_rate=success, filtered_share=self._filtered_share,
             learner_busy=min(1.0, update.train_s / elapsed) if elapsed > 0 else 1.0,
             train_s=update.train_s, take_s=take_s, publish_s=publish_s, publish_lag_s=self._weights.lag_s,
             buffer_depth=self._reader.depth, in_flight=self._ledger.in_flight, excluded=dict(self._ledger.excluded), retried=self._ledger.retried,

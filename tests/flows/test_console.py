@@ -24,7 +24,8 @@ SPEC = "name: x\nlearner:\n  steps: 8\nsync:\n  interval: 4\ncheckpoint:\n  dir:
 
 def progress(step: int, **fields) -> Progress:
     return Progress(**{"step": step, "version": step // 4, "reward_mean": 0.5, "success_rate": 0.25,
-                       "buffered": 96, "learner_busy": 0.9, "loss": 0.1, **fields})
+                       "buffered": 96, "learner_busy": 0.9, "loss": 0.1, "entropy": 0.43, "filtered_share": 0.375,
+                       **fields})
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +42,21 @@ def test_display_off_a_terminal_prints_a_plain_line_at_most_every_few_seconds():
         for step in (1, 2, 3):
             display.update(progress(step))
     lines = out.getvalue().splitlines()
-    assert lines == ["step 1/100 version 0 | success 25% | reward 0.50 | buffered 96 | busy 90% | ETA -",
-                     "step 3/100 version 0 | success 25% | reward 0.50 | buffered 96 | busy 90% | ETA ≤ 16:10"]
+    assert lines == [
+        "step 1/100 version 0 | success 25% | reward 0.50 | entropy 0.43 | filtered 38% | buffered 96 | busy 90% | ETA -",
+        "step 3/100 version 0 | success 25% | reward 0.50 | entropy 0.43 | filtered 38% | buffered 96 | busy 90% | "
+        "ETA ≤ 16:10"]
+
+
+def test_display_marks_entropy_and_the_filtered_share_past_their_warning_levels():
+    """Red on a terminal, a `!` everywhere: entropy collapse coming (README, "The two commands")."""
+    out = io.StringIO()
+    with LiveDisplay(Console(file=out, width=200), total_steps=100, stop_at_success=None) as display:
+        display.update(progress(1, entropy=0.05, filtered_share=0.92))
+        assert "[bold red]entropy 0.05![/] | [bold red]filtered 92%![/] |" in display.status()
+    assert "| entropy 0.05! | filtered 92%! |" in out.getvalue()  # markup rendered, not printed
+    display.update(progress(2, entropy=None, filtered_share=None))
+    assert "entropy" not in display.status() and "filtered" not in display.status()
 
 
 def test_display_says_what_a_ctrl_c_does():
