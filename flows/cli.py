@@ -1,10 +1,12 @@
 """`tandem`: validate, run and resume experiment specs; evaluate, report on, show and export
 runs; the local Prefect server.
 
-Exit codes: 0 success, 1 the run failed, 2 a bad spec: one that does not validate, or
-that cannot run from here (an environment, filter or cluster class that does not import,
-a data file that does not read), found before anything starts; 130 interrupted (Ctrl-C:
-the run stopped on a checkpoint, and `tandem resume RUN_DIR` continues it).
+Exit codes: 0 success (the step or success target), 1 the run failed, 2 a bad spec: one
+that does not validate, or that cannot run from here (an environment, filter or cluster
+class that does not import, a data file that does not read), found before anything
+starts; 3 the run ended by itself short of its target (a plateau, or no learning signal:
+checkpointed, resumable with other settings); 130 interrupted (Ctrl-C: the run stopped on
+a checkpoint, and `tandem resume RUN_DIR` continues it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from flows.spec import Spec, SpecError, SpecIssue, load_spec
 
 BAD_SPEC = 2
+SHORT_OF_TARGET = 3  # a plateau or no learning signal (`tasks.runtime.stopping`)
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 _verbose = False  # `--verbose`: the terminal shows Prefect's and Dask's INFO logs too
 _training = False  # once the flow runs, Ctrl-C stops the learner on a checkpoint (`_on_sigint`)
@@ -301,14 +304,17 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
         return 1
     from flows.train import ended
 
-    console.print(f"{ended(state.result())} after {_minutes(seconds)}. Run directory: {run_dir}")
+    result = state.result()
+    console.print(f"{ended(result)} after {_minutes(seconds)}. Run directory: {run_dir}")
     from tasks.eval.results import best_version, read_scores
 
     if (best := best_version(read_scores(spec.run_dir))) is not None:
         console.print(f"Best version by eval score: {best['version']} (success {best['success_rate']:.0%} on "
                       f"held-out prompts); episodes: {tandem_command()} show {run_dir} --eval --version {best['version']}")
     console.print(f"Plots: {tandem_command()} report {run_dir}")
-    return 0
+    from tasks.runtime.stopping import StopReason
+
+    return 0 if StopReason(result["stopped"]).reached_target else SHORT_OF_TARGET
 
 
 def latest_version(run_dir: Path) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,7 @@ from tasks.eval.results import best_version, read_scores
 from tasks.records.artifacts import record_summary
 from tasks.records.metrics_log import MetricsLog
 from tasks.records.tensorboard import rewrite_eval_events, rewrite_events
+from tasks.records.warnings import ENTROPY_WARN, FILTERED_WARN, first_crossing
 
 # A Figure made without pyplot renders through matplotlib's Agg canvas: no display,
 # no global figure state, safe in worker threads.
@@ -29,10 +31,11 @@ FIGSIZE = (6.4, 3.6)
 DPI = 90
 
 
-def _reward(fig: Figure, records: list[dict], evals: list[dict] = ()) -> None:
+def _reward(fig: Figure, records: list[dict], evals: list[dict] = (), end: dict | None = None) -> None:
     start = records[0]["time"]
     axes = fig.subplots(1, 2, sharey=True)
     _evals(axes, evals, start)
+    _run_end(axes, records, end, start)
     for ax, xs, label in ((axes[0], [r["step"] for r in records], "step"),
                           (axes[1], [r["time"] - start for r in records], "wall time (s)")):
         # Where reward is 1 for a win and 0 otherwise the two curves coincide: success is
@@ -101,8 +104,53 @@ def _evals(axes, evals: list[dict], start: float) -> None:
                 label=f"best: version {best['version']}")
 
 
+def _run_end(axes, records: list[dict], end: dict | None, start: float) -> None:
+    """Where the run ended (`run_end`), on the step and wall-time axes."""
+    if end is None or "step" not in end:
+        return
+    last = next((r for r in reversed(records) if r["step"] <= end["step"]), records[0])
+    for ax, x in ((axes[0], end["step"]), (axes[1], last["time"] - start)):
+        ax.axvline(x, color="tab:gray", linestyle="--", linewidth=1, label=f"stopped: {end['reason']}")
+
+
+# The signs of entropy collapse: the field, its axis label, its scale and top on that axis, its level.
+COLLAPSE_SIGNS = (("entropy", "entropy (nats/token)", 1.0, None, ENTROPY_WARN),
+                  ("filtered_share", "filtered (% of groups)", 100.0, 105.0, FILTERED_WARN))
+
+
+def _entropy(fig: Figure, records: list[dict]) -> None:
+    """Entropy of the trained tokens above the share of finished groups an entry filter
+    dropped: a collapsing policy shows entropy falling, then the share rising (README,
+    "Results: `tandem report`"). Each warning level dashed, its first crossing dotted."""
+    axes = fig.subplots(2, 1, sharex=True)
+    for ax, (field, label, scale, top, level) in zip(axes, COLLAPSE_SIGNS):
+        points = _series(records, field)
+        if points:
+            ax.plot([s for s, _ in points], [scale * v for _, v in points], color="tab:blue", linewidth=1.2)
+        else:
+            ax.text(0.5, 0.5, f"no {field} recorded", transform=ax.transAxes, ha="center")
+        ax.axhline(scale * level, color="tab:red", linestyle="--", linewidth=1, label="warning level")
+        crossing = first_crossing(records, field)
+        if crossing is not None:
+            ax.axvline(crossing["step"], color="tab:red", linestyle=":", linewidth=1.5,
+                       label=f"first crossed: step {crossing['step']}")
+        ax.set_ylabel(label, fontsize="small")
+        ax.set_ylim(0, top)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="x-small")
+    axes[1].set_xlabel("step")
+    fig.suptitle("Entropy collapse: entropy, and groups filtered")
+
+
+def _series(records: list[dict], field: str) -> list[tuple[int, float]]:
+    """(step, value) of the records holding a finite `field`."""
+    return [(r["step"], r[field]) for r in records
+            if isinstance(r.get(field), (int, float)) and math.isfinite(r[field])]
+
+
 PLOTS: dict[str, Callable[[Figure, list[dict]], None]] = {
     "reward": _reward,
+    "entropy": _entropy,
     "learner-busy": _learner_busy,
     "buffer-depth": _buffer_depth,
     "staleness": _staleness,
@@ -111,10 +159,10 @@ PLOTS: dict[str, Callable[[Figure, list[dict]], None]] = {
 
 
 def render_plots(records: list[dict], accounting: dict | None = None, evals: list[dict] = ()) -> dict[str, bytes]:
-    """PNG bytes of every plot, by name; exclusions from `accounting` when given; the eval
-    records (`metrics.jsonl`) beside the reward."""
+    """PNG bytes of every plot, by name; exclusions and where the run ended from `accounting`
+    when given; the eval records (`metrics.jsonl`) beside the reward."""
     plots = dict(PLOTS)
-    plots["reward"] = functools.partial(_reward, evals=list(evals))
+    plots["reward"] = functools.partial(_reward, evals=list(evals), end=run_end(accounting))
     if accounting is not None:  # the same totals as `accounting.json`
         plots["exclusions"] = functools.partial(_exclusions, excluded=accounting["excluded"])
     pngs = {}
@@ -127,15 +175,64 @@ def render_plots(records: list[dict], accounting: dict | None = None, evals: lis
     return pngs
 
 
-def write_report(run_dir: Path) -> dict[str, bytes]:
-    """Writes `run_dir/report/<plot>.png` and `run_dir/tensorboard/` from the run's metrics;
-    returns the PNGs by name."""
+def run_end(accounting: dict | None) -> dict | None:
+    """How the run ended, as `accounting.json` records it ("stopped": `reason`, `message`,
+    `step`, `version`); None for a run still training, or one from before it was recorded."""
+    end = (accounting or {}).get("stopped")
+    return end if isinstance(end, dict) and "reason" in end else None
+
+
+def run_end_line(end: dict) -> str:
+    """"The run ended (plateau) at step 310, version 310: <its message>"."""
+    where = f" at step {end['step']}, version {end['version']}" if "step" in end and "version" in end else ""
+    message = f": {end['message']}" if end.get("message") else ""
+    return f"The run ended ({end['reason']}){where}{message}"
+
+
+def collapse_lines(records: list[dict]) -> list[str]:
+    """Where entropy and the filtered share first crossed their warning levels, or how near
+    they came; nothing of a field the run did not record."""
+    return [line for line in (_entropy_line(records), _filtered_line(records)) if line is not None]
+
+
+def _entropy_line(records: list[dict]) -> str | None:
+    if not (points := _series(records, "entropy")):
+        return None
+    if (crossing := first_crossing(records, "entropy")) is not None:
+        return (f"Entropy of the trained tokens first fell below {ENTROPY_WARN:g} nats at step "
+                f"{crossing['step']} ({crossing['entropy']:.2g})")
+    step, lowest = min(points, key=lambda point: point[1])
+    return f"Entropy of the trained tokens stayed at or above {ENTROPY_WARN:g} nats (lowest {lowest:.2g}, step {step})"
+
+
+def _filtered_line(records: list[dict]) -> str | None:
+    if not (points := _series(records, "filtered_share")):
+        return None
+    if (crossing := first_crossing(records, "filtered_share")) is not None:
+        return (f"Filtered share first reached {FILTERED_WARN:.0%} at step {crossing['step']} "
+                f"({crossing['filtered_share']:.0%})")
+    step, highest = max(points, key=lambda point: point[1])
+    return f"Filtered share stayed below {FILTERED_WARN:.0%} (highest {highest:.0%}, step {step})"
+
+
+def read_run(run_dir: Path) -> tuple[list[dict], list[dict], dict | None]:
+    """The run's step records, eval records and `accounting.json` (None if not written yet)."""
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     records, evals = metrics.read(), metrics.read_evals()
     if not records:
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'}: no metrics recorded")
     accounting_file = run_dir / "accounting.json"
     accounting = json.loads(accounting_file.read_text()) if accounting_file.exists() else None
+    return records, evals, accounting
+
+
+def write_report(run_dir: Path) -> dict[str, bytes]:
+    """Writes `run_dir/report/<plot>.png` and `run_dir/tensorboard/` from the run's metrics;
+    returns the PNGs by name."""
+    return _write_report(run_dir, *read_run(run_dir))
+
+
+def _write_report(run_dir: Path, records: list[dict], evals: list[dict], accounting: dict | None) -> dict[str, bytes]:
     pngs = render_plots(records, accounting, evals)
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
@@ -149,19 +246,28 @@ def write_report(run_dir: Path) -> dict[str, bytes]:
 
 @task(name="report", cache_policy=NO_CACHE, persist_result=False)
 def publish_report(run_dir: Path, *, run_name: str, markdown: str) -> None:
-    """Writes the run's report and sends the summary, with the plots, to Prefect."""
-    record_summary(run_name=run_name, markdown=markdown, plots=write_report(run_dir))
+    """Writes the run's report and sends the summary, with the plots, to Prefect (a run that
+    stopped before its first step has none)."""
+    try:
+        plots = write_report(run_dir)
+    except FileNotFoundError:
+        plots = {}
+    record_summary(run_name=run_name, markdown=markdown, plots=plots)
 
 
 def report_command(run_dir: Path) -> int:
     """`tandem report RUN_DIR`; exit 1 when the run has no metrics yet."""
     try:
-        pngs = write_report(run_dir)
+        records, evals, accounting = read_run(run_dir)
     except FileNotFoundError as e:
         print(e, file=sys.stderr)
         return 1
-    for name in pngs:
+    for name in _write_report(run_dir, records, evals, accounting):
         print(run_dir / "report" / f"{name}.png")
+    if (end := run_end(accounting)) is not None:
+        print(run_end_line(end))
+    for line in collapse_lines(records):
+        print(line)
     best = best_version(read_scores(run_dir))
     if best is not None:
         print(f"Best version by eval score: {best['version']} (step {best['step']}): success "

@@ -14,10 +14,9 @@ from flows.report import publish_report
 from flows.spec import Spec
 from tasks.actors.cluster import actor_cluster
 from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
+from tasks.runtime.stopping import StopReason
 from tasks.runtime.task import learn
 
-STOPPED = {"steps": "Finished", "success": "Stopped early at the success target",
-           "interrupted": "Interrupted (Ctrl-C)"}
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -50,9 +49,13 @@ def train(spec: Spec):
 
 
 def ended(result: dict) -> str:
+    """Where and why training ended, in one line: "Stopped on a plateau at step 310, version 310 (...)"."""
     if "step" not in result:
         return "Stopped at once (Ctrl-C twice)"
-    return f"{STOPPED.get(result['stopped'], 'Stopped')} at step {result['step']}, version {result['version']}"
+    reason = StopReason(result["stopped"])
+    told = result.get("message") and reason not in (StopReason.STEPS, StopReason.INTERRUPTED)
+    why = f" ({result['message']})" if told else ""
+    return f"{reason.phrase} at step {result['step']}, version {result['version']}{why}"
 
 
 def _summary(spec: Spec, run_dir: Path, result: dict) -> str:

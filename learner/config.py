@@ -8,7 +8,7 @@ from __future__ import annotations
 import string
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 # Printable ASCII without the vertical tab and form feed, which no environment needs.
 PRINTABLE_ASCII = string.digits + string.ascii_letters + string.punctuation + " \n\t"
@@ -125,6 +125,10 @@ class LossConfig(Frozen):
     is_cap: truncation of the behaviour importance weights; None = untruncated.
     kl_coef: weight of a KL penalty to the initial policy (0 = off; > 0 keeps a
       frozen copy of the initial parameters in the train state).
+    entropy_coef: weight of an entropy bonus on the trained tokens (0 = off), against
+      the entropy collapse of small policies (Mnih et al. 2016).
+    clip_high above clip_low is DAPO's clip-higher (Yu et al. 2025): a token the policy
+      rarely samples may gain more than a likely one may lose, which keeps entropy up.
     """
 
     normalize_std: bool = True  # False: Dr. GRPO (advantage = reward - group mean)
@@ -134,6 +138,7 @@ class LossConfig(Frozen):
     objective: Literal["ppo", "tis", "decoupled-ppo"] = "ppo"
     is_cap: float | None = Field(None, gt=0)
     kl_coef: float = Field(0.0, ge=0)
+    entropy_coef: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _cap_has_a_weight_to_cap(self) -> "LossConfig":
@@ -195,6 +200,19 @@ class LearnerConfig(Frozen):
     # `stop_window` steps, reaches this (checked when a version is published); None: never.
     stop_at_success: float | None = Field(None, gt=0, le=1)
     stop_window: PositiveInt = 20
+    # A run ends by itself (README, "How a run ends"; `tasks.runtime.stopping`). Plateau:
+    # the windowed success (reward where none is reported) has not beaten its best by one
+    # point for this many steps; None: never.
+    plateau_steps: PositiveInt | None = None
+    # No learning signal (DAPO's dynamic sampling bound, `max_num_gen_batches`, Yu et al.
+    # 2025): while the learner waits for a batch, this many batches' worth of groups finished
+    # and none could be trained (all filtered, invalid, aborted or stale), or groups kept
+    # finishing untrained for `no_signal_s` seconds. None turns a bound off.
+    max_gen_batches: PositiveInt | None = 16
+    no_signal_s: PositiveFloat | None = 300.0
+    # Then: "stop" ends the run on a checkpoint (exit 3); "fail" fails it (exit 1), for
+    # pipelines that must treat it as an error.
+    on_no_signal: Literal["stop", "fail"] = "stop"
 
     @field_validator("buckets")
     @classmethod

@@ -135,8 +135,13 @@ def _device_loss(params, reference, batch, *, forward: Forward, loss_config: Los
         reference_logprobs=reference_logprobs,
         axis_name=sharding.BATCH_AXES,
     )
-    entropy = losses.token_entropy(jax.lax.stop_gradient(logits))
-    return loss, {**metrics, "entropy": losses.masked_mean(entropy, batch["loss_mask"], sharding.BATCH_AXES)}
+    entropy = losses.token_entropy(logits if loss_config.entropy_coef else jax.lax.stop_gradient(logits))
+    if loss_config.entropy_coef:  # an entropy bonus against collapse (Williams & Peng 1991; Mnih et al. 2016)
+        loss -= loss_config.entropy_coef * losses.aggregate_share(
+            entropy, batch["loss_mask"].astype(jnp.float32), batch["segment_ids"], loss_config.aggregation,
+            sharding.BATCH_AXES)
+    mean_entropy = losses.masked_mean(jax.lax.stop_gradient(entropy), batch["loss_mask"], sharding.BATCH_AXES)
+    return loss, {**metrics, "entropy": mean_entropy}
 
 
 def _device_gradients(params, reference, batch, *, shardings, **loss_kwargs):

@@ -208,6 +208,12 @@ class IntakeRules:
         return staleness
 
     @_locked
+    def on_untake(self, group: Group) -> None:
+        """A group taken by `on_take` goes back to the buffer untrained (training stopped
+        before its batch was complete)."""
+        self.ledger.reopen(Prompt(group.prompt_id, group.prompt, group.attempt), group.oldest_version)
+
+    @_locked
     def exclude(self, prompt_id: int, attempt: int, reason: str) -> None:
         """Closes an attempt; retryable reasons send its prompt back, ahead of new ones."""
         prompt = self.ledger.exclude(prompt_id, attempt, reason)

@@ -49,6 +49,13 @@ class Ledger:
                 self._states[entry[1]] -= 1
                 self.consumed += 1
 
+    def reopen(self, prompt: Prompt, version: int) -> None:
+        """Undoes `consume`: the attempt's group is back in the buffer, untrained."""
+        with self._lock:
+            self._open[prompt.id, prompt.attempt] = (prompt, BUFFERED, version)
+            self._states[BUFFERED] += 1
+            self.consumed -= 1
+
     def exclude(self, prompt_id: int, attempt: int, reason: str) -> Prompt | None:
         """Closes the attempt with `reason`; returns its prompt (None if already closed)."""
         with self._lock:

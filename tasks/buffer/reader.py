@@ -80,15 +80,27 @@ class BufferReader:
         """The next `n` groups in arrival order that pass the exit check at the current version."""
         taken: list[Group] = []
         self.rules.want(n)
-        while len(taken) < n:
-            group = self._next()
-            version = self.clock.current
-            staleness = self.rules.on_take(group, version)
-            if staleness is not None:
-                self.stats.taken(staleness, *group.staleness_parts(version))
-                taken.append(group)
+        try:
+            while len(taken) < n:
+                group = self._next()
+                version = self.clock.current
+                staleness = self.rules.on_take(group, version)
+                if staleness is not None:
+                    taken.append(group)
+                    self.stats.taken(staleness, *group.staleness_parts(version))
+        except BaseException:  # training stops (or fails) between batches: these stay buffered
+            self._put_back(taken)
+            raise
         self.wake.set()  # room to prefetch, prompts to dispatch
         return taken
+
+    def _put_back(self, groups: list[Group]) -> None:
+        """Returns groups taken for a batch that will not be trained, first in line again:
+        a checkpoint then counts them as buffered, and a resumed run plays their prompts again."""
+        with self._ready:
+            self._local.extendleft(reversed(groups))
+        for group in groups:
+            self.rules.on_untake(group)
 
     def pop_stats(self) -> IntakeCounts:
         return self.stats.pop()

@@ -35,7 +35,8 @@ from tasks.runtime.lockstep import RESTORED, LeadCheckpoints, LeadLearner, annou
 from tasks.runtime.no_progress import ProgressWatch
 from tasks.runtime.run_state import RunState
 from tasks.runtime.session import Session
-from tasks.runtime.stopping import Stopping
+from tasks.runtime.no_signal import SignalWatch
+from tasks.runtime.stopping import Stop, StopReason, StopRule, StopTraining
 from tasks.runtime.weights import HttpTransport, WeightSource
 
 
@@ -97,12 +98,12 @@ def _episodes(spec: RunSpec, run_dir: Path) -> Callable[[list], None]:
                          int(spec.episodes.max_mb * 2**20)).add
 
 
-def _loggers(run_dir: Path, step: int, log, reporter: Reporter, stopping: Stopping) -> Loggers:
+def _loggers(run_dir: Path, step: int, log, reporter: Reporter) -> Loggers:
     """Where each step's record goes; `metrics.jsonl` cut back to `step` on a resume."""
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     metrics.resume(step, warn=log.warning)
     return Loggers(metrics, TensorBoardLog(run_dir / "tensorboard", resume_step=step), ConsoleLog(log.info),
-                   ProgressLog(reporter.progress), stopping)
+                   ProgressLog(reporter.progress))
 
 
 def _evaluate(spec: RunSpec, reporter: Reporter) -> Callable[..., None]:
@@ -132,25 +133,28 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     setup = ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
     actors = ActorPool(client, setup, spec.actors.n_actors, log.info, warn=log.warning, resources=spec.actors.resources)
     watch = ProgressWatch(lambda: rules.ledger.consumed, spec.env.entrypoint)
-    rules.on_exclusion = watch.excluded
+    signal = SignalWatch(lambda: rules.ledger.snapshot()["excluded"], spec.learner.batch_groups, spec.learner)
+    rules.on_exclusion = lambda reason, detail: (watch.excluded(reason, detail), signal.excluded(reason, detail))
 
-    def producers_failed() -> None:  # a starved learner asks; raises instead of waiting forever
+    def waiting() -> None:  # a starved learner asks every 0.5 s; raises instead of waiting forever
         exchange.raise_if_failed()
         actors.raise_if_failed()
         watch.raise_if_stuck()
+        signal.raise_if_no_signal()
+        if interrupted():
+            raise StopTraining(Stop(StopReason.INTERRUPTED, "interrupted while the learner waited for groups"))
 
     # Two batches ahead: the next batch's transfer overlaps the current step.
     # The learner holds up to `buffer.capacity` groups (at least a batch, ready when a step
     # ends); beyond them each actor process has one bundle of finished groups waiting in
     # the Dask queue, and blocks on the next (backpressure).
     reader = BufferReader(rules, weights, prefetch=max(spec.buffer.capacity, spec.learner.batch_groups),
-                          check=producers_failed)
+                          check=waiting)
     exchange = Exchange(channels, client, rules, reader, capacity=spec.actors.n_actors)
-    stopping = Stopping(spec.learner, log.info)
-    loggers = _loggers(run_dir, step, log, reporter, stopping)
+    loggers = _loggers(run_dir, step, log, reporter)
     return Session(learner=learner, weights=weights, reader=reader, exchange=exchange, actors=actors,
                    run_state=run_state, meter=StepMeter(reader, rules.ledger, weights, learner), loggers=loggers,
-                   stopping=stopping, batch_groups=spec.learner.batch_groups,
+                   stopping=StopRule(spec.learner), signal=signal, batch_groups=spec.learner.batch_groups,
                    checkpoint_every=spec.checkpoint.every, synchronous=spec.learner.mode == "sync",
                    interrupted=interrupted, episodes=_episodes(spec, run_dir),
                    evaluate=_evaluate(spec, reporter))

@@ -103,9 +103,12 @@ class RunState:
             self.recorder.version(**self._uncommitted)
             self._uncommitted = None
 
-    def write_accounting(self) -> dict:
+    def write_accounting(self, stopped: dict | None = None) -> dict:
+        """Writes `accounting.json`; at the session's end with why training `stopped`
+        (reason, message, step, version), which `tandem report` shows."""
         accounting = self.rules.accounting()
-        write_json_atomic(self.run_dir / "accounting.json", accounting)
+        write_json_atomic(self.run_dir / "accounting.json",
+                          accounting if stopped is None else {**accounting, "stopped": stopped})
         return accounting
 
     def close(self) -> None:

@@ -17,10 +17,11 @@ from tasks.actors.pool import ActorPool
 from tasks.buffer.exchange import Exchange
 from tasks.buffer.reader import BufferReader
 from tasks.records.loggers import Loggers
-from tasks.records.step import StepMeter
+from tasks.records.step import StepMeter, StepRecord
 from tasks.runtime.learner import Learner
 from tasks.runtime.run_state import RunState
-from tasks.runtime.stopping import Stopping
+from tasks.runtime.no_signal import NoSignal, SignalWatch
+from tasks.runtime.stopping import NoSignalFailure, Stop, StopReason, StopRule, StopTraining
 from tasks.runtime.weights import WeightSource
 
 
@@ -33,22 +34,27 @@ class Session:
     actors: ActorPool
     run_state: RunState
     meter: StepMeter
-    loggers: Loggers  # the stop condition among them
-    stopping: Stopping
+    loggers: Loggers
+    stopping: StopRule
+    signal: SignalWatch  # told when each batch begins; asked (through the reader) while it waits
     batch_groups: int
     checkpoint_every: int  # versions between checkpoints
     synchronous: bool  # learner.mode sync: each batch is played with the latest weights
     episodes: Callable[[list], None] = lambda groups: None  # keeps a few of each version's, as text
     # Told of each version (version=, step=, params=, checkpointed=, last=); must not block.
     evaluate: Callable[..., None] = lambda **version: None
-    # Set by Ctrl-C (through the learner task): training ends at the next version.
+    # Set by Ctrl-C or SIGTERM (through the learner task): training ends at the next version,
+    # or at once while the learner waits for groups (`StopTraining` from the reader's check).
     interrupted: Callable[[], bool] = lambda: False
-    stopped: str | None = None  # why training ended: "steps", "success" or "interrupted"
+    stopped: Stop | None = None  # why training ended
+    last: StepRecord | None = None  # the latest step's record
+    _saved: int | None = dataclasses.field(default=None, init=False)  # the step last checkpointed
+    _published: int = dataclasses.field(default=0, init=False)  # the step last published as a version
 
     def run(self) -> dict:
-        """Trains until `learner.steps` or the success target; returns where it ended."""
+        """Trains until the stop rule says; returns where and why it ended."""
         with contextlib.ExitStack() as stack:  # stops, in reverse order: exchange, actors, weights, ...
-            for stop in (self.loggers.close, self.run_state.close, self.run_state.write_accounting,
+            for stop in (self.loggers.close, self.run_state.close, self._write_accounting,
                          self.exchange.release, self.weights.stop, self.actors.stop, self.exchange.stop):
                 stack.callback(stop)
             self.exchange.start()
@@ -56,33 +62,51 @@ class Session:
             self.weights.publish(self.learner.params(), new_version=False)
             self.actors.start()
             first = self.learner.step_count
+            self._saved = self._published = first  # a step checkpointed (restored) and one published
+            if not self.run_state.checkpoints.versions():
+                self._saved = None  # a new run: nothing checkpointed yet
             while not (self._stops_before(self.learner.step_count, first) or self._train_batch()):
                 pass
             self.run_state.commit()
+        stopped = self.stopped
         return {"step": self.learner.step_count, "version": self.weights.current,
-                "accounting": self.run_state.rules.accounting(), "stopped": self.stopped}
+                "accounting": self.run_state.rules.accounting(),
+                "stopped": stopped.reason.value, "message": stopped.message}
 
     def _stops_before(self, step: int, first: int) -> bool:
         """Whether to end before the next batch: at the step target, or interrupted before
         this session trained (`first`, the step it started from, is checkpointed if any is);
         once it has, an interrupt ends it at the next version (`_sync`)."""
-        if self.stopping.finished(step):
-            self.stopped = "steps"
+        if (stop := self.stopping.after_step(step)) is not None:
+            self.stopped = stop
         elif self.interrupted() and step == first:
-            self.stopped = "interrupted"
+            self.stopped = Stop(StopReason.INTERRUPTED, "interrupted before training")
         return self.stopped is not None
 
     def _train_batch(self) -> bool:
         """Takes a batch and trains on it; True once training should end."""
         start = time.perf_counter()
-        groups = self.reader.take(self.batch_groups)
+        self.signal.batch_started()
+        try:
+            groups = self.reader.take(self.batch_groups)
+        except StopTraining as e:  # an interrupt while waiting: every batch taken was trained
+            self._stop_between_batches(e.stop)
+            return True
+        except NoSignal as e:
+            self._stop_between_batches(self.stopping.no_signal(e, self.last))
+            if self.stopping.fails_on_no_signal:
+                raise NoSignalFailure(self.stopped.message) from None
+            return True
         self.meter.took(time.perf_counter() - start)
         self.episodes(groups)
         for update in self.learner.step(groups):
-            record = self.meter.record(update, groups, self.reader.pop_stats())
+            self.last = record = self.meter.record(update, groups, self.reader.pop_stats())
             self.loggers.write(record)
-            if (self.weights.due(update.step) and self._sync(update.step, record.reward_mean)
-                    or self.stopping.finished(update.step)):
+            self.stopping.observe(record)
+            if self.weights.due(update.step) and self._sync(update.step, record.reward_mean):
+                return True
+            if (stop := self.stopping.after_step(update.step)) is not None:
+                self.stopped = stop
                 return True
         return False
 
@@ -91,16 +115,40 @@ class Session:
         start = time.perf_counter()
         params = self.learner.params()
         version = self.weights.publish(params)
+        self._published = step
         if self.synchronous:
             self.weights.wait()
         self.meter.published(time.perf_counter() - start)
         # An interrupt ends the run here, on a version, so that its last steps are
         # checkpointed: a resumed run neither loses nor repeats them.
-        self.stopped = ("steps" if self.stopping.finished(step) else "success" if self.stopping.converged()
-                        else "interrupted" if self.interrupted() else None)
+        self.stopped = self.stopping.at_version(step) or (
+            Stop(StopReason.INTERRUPTED, "interrupted") if self.interrupted() else None)
         checkpointed = self.stopped is not None or version % self.checkpoint_every == 0
         if checkpointed:
-            self.run_state.save(self.learner.state(), step=step, version=version, reward_mean=reward_mean)
+            self._save(step, version, reward_mean)
         self.evaluate(version=version, step=step, params=params, checkpointed=checkpointed,
-                      last=self.stopped in ("steps", "success"))
+                      last=self.stopped is not None and self.stopped.reason != StopReason.INTERRUPTED)
         return self.stopped is not None
+
+    def _stop_between_batches(self, stop: Stop) -> None:
+        """Ends training where it stands: publishes the steps since the last version, if
+        any, as one, and checkpoints it unless it is checkpointed already."""
+        self.stopped, step = stop, self.learner.step_count
+        if step == self._saved:
+            return
+        params = self.learner.params()
+        version = self.weights.publish(params) if step != self._published else self.weights.current
+        self._published = step
+        self._save(step, version, self.last.reward_mean if self.last is not None else 0.0)
+        self.evaluate(version=version, step=step, params=params, checkpointed=True,
+                      last=stop.reason != StopReason.INTERRUPTED)
+
+    def _save(self, step: int, version: int, reward_mean: float) -> None:
+        self.run_state.save(self.learner.state(), step=step, version=version, reward_mean=reward_mean)
+        self._saved = step
+
+    def _write_accounting(self) -> None:
+        stopped = None if self.stopped is None else {
+            "reason": self.stopped.reason.value, "message": self.stopped.message,
+            "step": self.learner.step_count, "version": self.weights.current}
+        self.run_state.write_accounting(stopped=stopped)

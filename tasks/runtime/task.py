@@ -39,6 +39,7 @@ from tasks.runtime.failures import Unrecoverable
 from tasks.runtime.hosts import LearnerProcesses, coordinator_environ
 from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
 from tasks.runtime.relay import EventReader, LogForwarder
+from tasks.runtime.stopping import StopReason
 from tasks.runtime.task_records import TaskRecords
 
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
@@ -161,9 +162,12 @@ def _relay(events, processes: LearnerProcesses, log, spec: RunSpec, stop, record
             progress.update(payload.step, payload.version)
             PROGRESS_FEED.publish(payload)
         elif kind == "done":
+            reason = StopReason(payload["stopped"])
+            log.info(f"{reason.phrase} at step {payload['step']}, version {payload['version']}: {payload['message']}")
             if progress is not None:
-                progress.finish(payload["step"], payload["version"], payload["stopped"])
-            if payload["stopped"] != "interrupted":
+                progress.finish(payload["step"], payload["version"], reason.phrase.lower(),
+                                complete=reason != StopReason.INTERRUPTED)
+            if reason != StopReason.INTERRUPTED:
                 records.collect(wait_s=records.last_wait_s)
             return payload
         elif kind == "error":

@@ -35,6 +35,7 @@ def realistic_metrics(steps: int = STEPS, seed: int = 0) -> list[dict]:
             "learner_busy": rng.uniform(0.2, 0.9), "buffer_depth": rng.randint(0, 16),
             "excluded": dict(excluded), "staleness_hist": {"0": rng.randint(1, 3), "1": rng.randint(0, 2)},
             "compiles": 1, "padding": 0.3, "loss": rng.uniform(-0.1, 0.2), "prompt_ids": [step],
+            "entropy": 1.2 * 0.9 ** step, "filtered_share": min(1.0, 0.2 + 0.03 * step + rng.uniform(0, 0.1)),
         })
     return records
 
@@ -126,7 +127,7 @@ def test_summary_and_progress_artifacts(prefect_api, tmp_path):
     def finish_run() -> None:
         progress = ProgressRecord(run_name="demo", step=0, version=0, total_steps=STEPS, every_s=3600)
         progress.update(STEPS // 2, 3)  # within every_s: not sent
-        progress.finish(STEPS // 2 + 2, 3, "success")  # the end: always sent
+        progress.finish(STEPS // 2 + 2, 3, "stopped early at the success target", complete=True)  # always sent
         publish_report(tmp_path, run_name="demo", markdown="# demo\n")
 
     state = finish_run(return_state=True)
@@ -161,3 +162,59 @@ def test_report_plots_the_eval_curve_and_names_the_best_version(tmp_path, capsys
     summary = _summary(parse_spec(""), tmp_path, {"step": 24, "version": 6, "stopped": "steps", "accounting": {
         "started": 1, "in_flight": 0, "buffered": 0, "consumed": 1, "excluded": {}, "retried": 0}})
     assert "Best version by eval score: **4** (step 16)" in summary and "| 4 (best) | 16 |" in summary
+
+
+def collapsing_run(run_dir, stopped: dict | None) -> list[dict]:
+    """Ten steps: entropy falls below its level at step 6, the filtered share reaches its
+    level at step 8; `accounting.json` says how the run ended, if `stopped`."""
+    entropies = [0.9, 0.7, 0.5, 0.3, 0.15, 0.09, 0.12, 0.05, 0.03, 0.02]
+    shares = [0.1, None, 0.2, 0.4, 0.5, 0.6, 0.75, 0.8, 0.9, 1.0]
+    records = [{"step": step, "version": step, "time": 1_800_000_000.0 + step, "reward_mean": 0.5,
+                "learner_busy": 0.5, "buffer_depth": 4, "excluded": {"filtered": step}, "entropy": entropy,
+                **({"filtered_share": share} if share is not None else {})}
+               for step, (entropy, share) in enumerate(zip(entropies, shares), start=1)]
+    write_metrics(run_dir, records)
+    accounting = {"excluded": {"filtered": 12}, **({"stopped": stopped} if stopped else {})}
+    (run_dir / "accounting.json").write_text(json.dumps(accounting))
+    return records
+
+
+def test_report_plots_entropy_and_the_filtered_share_and_says_where_each_crossed_its_level(tmp_path, capsys):
+    stopped = {"reason": "no-signal", "message": "every group of the last 50 was filtered", "step": 9,
+               "version": 9}
+    records = collapsing_run(tmp_path, stopped)
+
+    assert main(["report", str(tmp_path)]) == 0
+
+    out = capsys.readouterr().out
+    assert str(tmp_path / "report" / "entropy.png") in out
+    assert "Entropy of the trained tokens first fell below 0.1 nats at step 6 (0.09)" in out
+    assert "Filtered share first reached 80% at step 8 (80%)" in out
+    assert "The run ended (no-signal) at step 9, version 9: every group of the last 50 was filtered" in out
+    pixels = matplotlib.image.imread(tmp_path / "report" / "entropy.png")
+    assert pixels.shape[0] > 200 and pixels[..., :3].var() > 1e-3
+    # The stop is marked on the reward plot.
+    assert (tmp_path / "report" / "reward.png").read_bytes() != render_plots(records, {"excluded": {}})["reward"]
+
+
+def test_report_of_a_run_that_crossed_no_level_and_recorded_no_stop(tmp_path, capsys):
+    """A run from before `stopped` was recorded, or one still training: nothing said of its end."""
+    records = [{**r, "entropy": 0.5, "filtered_share": 0.1} for r in collapsing_run(tmp_path, stopped=None)]
+    write_metrics(tmp_path, records)
+
+    assert main(["report", str(tmp_path)]) == 0
+
+    out = capsys.readouterr().out
+    assert "Entropy of the trained tokens stayed at or above 0.1 nats (lowest 0.5, step 1)" in out
+    assert "Filtered share stayed below 80% (highest 10%, step 1)" in out
+    assert "The run ended" not in out and (tmp_path / "report" / "entropy.png").exists()
+
+
+def test_report_of_a_run_without_entropy_or_filtered_share(tmp_path, capsys):
+    """Runs recorded before `filtered_share` (or a loss without entropy) still report."""
+    records = [{k: v for k, v in r.items() if k not in ("entropy", "filtered_share")} for r in realistic_metrics()]
+    write_metrics(tmp_path, records)
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "report" / "entropy.png").exists()
+    assert "Entropy" not in out and "Filtered share" not in out

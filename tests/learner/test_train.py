@@ -143,3 +143,22 @@ def test_learner_config_validates_minibatches_and_derives_rows():
         LearnerConfig(rows=6, minibatches=4)
     assert LearnerConfig(rows=8).batch_rows(32) == 8 and LearnerConfig().batch_rows(32) == 32
     assert LearnerConfig(minibatches=2, epochs=3).updates_per_batch == 6
+
+
+def test_an_entropy_bonus_raises_the_entropy_of_the_trained_tokens(mesh):
+    """With zero advantages the policy term has no gradient: only the bonus moves the weights."""
+    entropies = {}
+    for coef in (0.0, 0.5):
+        config = LearnerConfig(optimizer=OptimizerConfig(lr=1e-2), buckets=(8, 16),
+                               loss=LossConfig(entropy_coef=coef))
+        state = init_train_state(MODEL, config, seed=0, mesh=mesh)
+        params = params_numpy(state)
+        batch = make_batch([_sample(params, GOOD), _sample(params, BAD)], [0.0, 0.0], config.buckets, rows=2)
+        step = TrainStep(MODEL, config, mesh)
+        first = None
+        for _ in range(5):
+            state, metrics = step(state, batch)
+            first = metrics["entropy"] if first is None else first
+        entropies[coef] = (first, metrics["entropy"])
+    assert entropies[0.0][1] == pytest.approx(entropies[0.0][0], abs=1e-6)  # nothing to follow
+    assert entropies[0.5][1] > entropies[0.5][0] + 1e-3

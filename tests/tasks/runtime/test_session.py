@@ -11,6 +11,7 @@ from learner.config import LearnerConfig, MeshConfig
 from learner.sharding import make_mesh
 from learner.train import TrainStep, init_train_state
 from tasks.buffer.ledger import balanced
+from tasks.buffer.prompts import Prompt
 from tasks.buffer.reader import BufferReader
 from tasks.buffer.writer import outcomes
 from tasks.records.loggers import Loggers
@@ -20,7 +21,8 @@ from tasks.runtime.checkpoints import Checkpoints
 from tasks.runtime.learner import Learner
 from tasks.runtime.run_state import RunState
 from tasks.runtime.session import Session
-from tasks.runtime.stopping import Stopping
+from tasks.runtime.no_signal import SignalWatch
+from tasks.runtime.stopping import Stop, StopReason, StopRule, StopTraining
 from tasks.runtime.weights import WeightSource
 from tests.support.groups import TINY_MODEL, make_group, make_rules
 
@@ -42,8 +44,9 @@ class InProcessActors:
     """The exchange and the actors' work in one fake: a thread that plays every prompt dispatched
     at once, with the version the actors can use, and hands the group to the reader."""
 
-    def __init__(self, rules, reader, success=False):
+    def __init__(self, rules, reader, success=False, signal_prompts=None):
         self.rules, self.reader, self.success = rules, reader, success
+        self.signal_prompts = signal_prompts  # prompts from this id on: every group filtered
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._play, daemon=True)
 
@@ -55,6 +58,10 @@ class InProcessActors:
             version = self.reader.clock.visible
             for actor, prompts in self.rules.dispatch(version).items():
                 for p in prompts:
+                    if self.signal_prompts is not None and p.id >= self.signal_prompts:
+                        self.rules.on_report({"event": "excluded", "actor": actor, "id": p.id, "attempt": p.attempt,
+                                              "reason": "filtered", "detail": "rewards all 0.0"})
+                        continue
                     group = make_group(p.id, (0.0, 1.0), version=version, attempt=p.attempt, success=self.success)
                     report = {"event": "buffered", "actor": actor, "id": p.id, "attempt": p.attempt, **outcomes(group)}
                     self.reader.stats.reported(report)
@@ -98,8 +105,10 @@ class Recorder:
         self.steps.append((record.step, record.version))
 
 
-def session(tmp_path, *, steps=8, interval=4, every=1, success=False, target=None, fail_at=None):
-    config = LearnerConfig(steps=steps, batch_groups=2, buckets=(16,), stop_at_success=target, stop_window=4)
+def session(tmp_path, *, steps=8, interval=4, every=1, success=False, target=None, fail_at=None,
+            signal_prompts=None, interrupted=lambda: False, **learner):
+    config = LearnerConfig(steps=steps, batch_groups=2, buckets=(16,), stop_at_success=target, stop_window=4,
+                           **learner)
     mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
     learner = Learner(TrainStep(TINY_MODEL, config, mesh), init_train_state(TINY_MODEL, config, seed=0, mesh=mesh), config)
     rules = make_rules(outstanding=6)
@@ -107,13 +116,20 @@ def session(tmp_path, *, steps=8, interval=4, every=1, success=False, target=Non
     run_state = RunState(Checkpoints(tmp_path / "checkpoints", keep=None), rules, recorder,
                          run_name="t", seed=0, run_dir=tmp_path, warn=print)
     weights = WeightSource(Transport(fail_at), interval)
-    reader = BufferReader(rules, weights, prefetch=4)
-    actors = InProcessActors(rules, reader, success)
-    stopping = Stopping(config, log=lambda _: None)
-    loggers = Loggers(MetricsLog(tmp_path / "metrics.jsonl"), recorder, stopping)
+    signal = SignalWatch(lambda: rules.ledger.snapshot()["excluded"], 2, config)
+
+    def waiting():  # as `tasks.runtime.build` asks while the learner waits
+        signal.raise_if_no_signal()
+        if interrupted():
+            raise StopTraining(Stop(StopReason.INTERRUPTED, "interrupted while waiting"))
+
+    reader = BufferReader(rules, weights, prefetch=4, check=waiting)
+    actors = InProcessActors(rules, reader, success, signal_prompts)
+    loggers = Loggers(MetricsLog(tmp_path / "metrics.jsonl"), recorder)
     built = Session(learner=learner, weights=weights, reader=reader, exchange=actors, actors=Actors(),
                     run_state=run_state, meter=StepMeter(reader, rules.ledger, weights, learner), loggers=loggers,
-                    stopping=stopping, batch_groups=2, checkpoint_every=every, synchronous=False)
+                    stopping=StopRule(config), signal=signal, batch_groups=2, checkpoint_every=every,
+                    synchronous=False, interrupted=interrupted)
     return built, recorder
 
 
@@ -152,4 +168,35 @@ def test_a_failed_publish_fails_the_session_and_stops_its_parts(tmp_path):
     with pytest.raises(RuntimeError, match="scheduler gone"):
         run.run()
     assert not run.exchange.thread.is_alive()
+    assert balanced(json.loads((tmp_path / "accounting.json").read_text()))
+
+
+def test_a_wait_without_signal_ends_on_a_checkpoint_and_puts_the_partial_batch_back(tmp_path):
+    # Prompts 0-4 carry signal, then every group is filtered: the third batch holds prompt 4
+    # alone when 2 batches' worth (4) of filtered groups have finished.
+    run, recorder = session(tmp_path, steps=100, interval=1, every=100, signal_prompts=5, max_gen_batches=2,
+                            no_signal_s=None)
+    result = run.run()
+    assert (result["stopped"], result["step"], result["version"]) == ("no-signal", 2, 2)
+    assert result["message"].startswith("no learning signal: ") and "filtered" in result["message"]
+    assert Checkpoints(tmp_path / "checkpoints", None).versions() == [2] and recorder.versions == [2]
+    accounting = json.loads((tmp_path / "accounting.json").read_text())
+    assert accounting["consumed"] == 4 and balanced(accounting)  # prompt 4 taken, put back: not consumed
+    assert accounting["stopped"] == {"reason": "no-signal", "message": result["message"], "step": 2, "version": 2}
+    records = [f.read_text() for f in (tmp_path / "checkpoints" / "2" / "record").iterdir() if f.is_file()]
+    record = next(json.loads(text) for text in records if '"redo"' in text)
+    assert 4 in [Prompt.from_wire(wire).id for wire in record["redo"]]  # a resumed run plays it again
+    assert sorted(i for r in MetricsLog(tmp_path / "metrics.jsonl").read() for i in r["prompt_ids"]) == [0, 1, 2, 3]
+
+
+def test_an_interrupt_while_the_learner_waits_acts_at_once(tmp_path):
+    pressed = threading.Event()
+    run, _ = session(tmp_path, steps=100, interval=4, every=100, signal_prompts=4, max_gen_batches=None,
+                     no_signal_s=None, interrupted=pressed.is_set)
+    threading.Timer(3.0, pressed.set).start()
+    result = run.run()
+    assert result["stopped"] == "interrupted"
+    # Two steps trained, no version due (interval 4): they are published as version 1 and checkpointed.
+    assert (result["step"], result["version"]) == (2, 1)
+    assert Checkpoints(tmp_path / "checkpoints", None).versions() == [1]
     assert balanced(json.loads((tmp_path / "accounting.json").read_text()))

@@ -1,0 +1,53 @@
+"""A run whose groups carry no learning signal ends by itself (README, "How a run ends"): the
+livelock of a collapsed policy, reproduced from the first step by an environment no guess
+wins, through a real Prefect server and Dask cluster."""
+
+import json
+import time
+
+import pytest
+
+from tasks.buffer.ledger import balanced
+from tests.conftest import ROOT, tandem
+from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, Terminal
+
+pytestmark = pytest.mark.e2e
+
+FLAT = ["--set", "env.entrypoint=tests.support.flat_envs:AlwaysLoses", "--set", "learner.batch_groups=4",
+        "--set", "buffer.capacity=8", "--set", "learner.steps=50"]
+
+
+def test_a_run_without_learning_signal_stops_on_a_checkpoint_with_its_reason(prefect_api, tmp_path):
+    run_dir = tmp_path / "run"
+    result = tandem("run", "specs/guess-number.yaml", *FLAT, "--set", "learner.max_gen_batches=4",
+                    "--set", f"checkpoint.dir={run_dir}", env={"XLA_FLAGS": "", "PYTHONPATH": str(ROOT)},
+                    timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output[-4000:]  # short of its target (README, exit codes)
+    assert "Stopped: no learning signal at step 0, version 0" in output, output[-4000:]
+    assert "every group had the same reward in all its episodes" in output and "Traceback" not in output
+    accounting = json.loads((run_dir / "accounting.json").read_text())
+    assert accounting["stopped"]["reason"] == "no-signal" and balanced(accounting)
+    assert accounting["consumed"] == 0 and accounting["excluded"]["filtered"] >= 16  # 4 batches of 4
+    assert (run_dir / "checkpoints" / "0").is_dir()  # resumable: the ledger and cursor are saved
+    assert not (run_dir / "learner.pid").exists()
+
+
+def test_ctrl_c_while_the_learner_waits_for_signal_exits_within_ten_seconds(prefect_api, tmp_path):
+    run_dir = tmp_path / "run"
+    terminal = Terminal([TANDEM, "run", "specs/guess-number.yaml", *FLAT, "--set", "learner.max_gen_batches=null",
+                         "--set", "learner.no_signal_s=null", "--set", f"checkpoint.dir={run_dir}"],
+                        env={"XLA_FLAGS": "", "COLUMNS": "160", "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 180
+    while not (run_dir / "learner.pid").exists():  # the learner process runs its session
+        assert terminal.process.poll() is None and time.monotonic() < deadline, terminal.output[-3000:]
+        time.sleep(0.2)
+    time.sleep(10)  # the actors start and play; groups finish, none is trained: the learner waits
+    pressed = time.monotonic()
+    terminal.press(CTRL_C)
+    code = terminal.wait(timeout=60)
+    assert code == 130, terminal.output[-3000:]
+    assert time.monotonic() - pressed <= 10, f"exited {time.monotonic() - pressed:.1f}s after Ctrl-C"
+    assert "Resume with:" in terminal.output and "Traceback" not in terminal.output
+    assert json.loads((run_dir / "accounting.json").read_text())["stopped"]["reason"] == "interrupted"
+
