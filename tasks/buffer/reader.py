@@ -123,7 +123,15 @@ class BufferReader:
                 if time.perf_counter() - logged > STARVED_LOG_S:
                     logged = time.perf_counter()
                     self.rules.log(f"the learner has waited {logged - start:.0f}s for groups: "
-                                   f"{self.rules.accounting()}")
+                                   f"{waiting_words(self.rules.accounting())}")
         finally:
             self._starved = False
             self.stats.waited(time.perf_counter() - start)
+
+
+def waiting_words(accounting: dict) -> str:
+    """What the buffer knows while the learner waits, as a person reads it: "12 groups
+    being played, 0 buffered, 340 trained; excluded so far: 51 filtered, 2 aborted"."""
+    excluded = ", ".join(f"{n} {reason}" for reason, n in sorted(accounting["excluded"].items(), key=lambda e: -e[1]))
+    return (f"{accounting['in_flight']} groups being played, {accounting['buffered']} buffered, "
+            f"{accounting['consumed']} trained; excluded so far: {excluded or 'none'}")

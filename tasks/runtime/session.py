@@ -62,16 +62,14 @@ class Session:
             self.weights.publish(self.learner.params(), new_version=False)
             self.actors.start()
             first = self.learner.step_count
-            self._saved = self._published = first  # a step checkpointed (restored) and one published
-            if not self.run_state.checkpoints.versions():
-                self._saved = None  # a new run: nothing checkpointed yet
+            self._published = first
+            self._saved = first if self.run_state.checkpoints.versions() else None  # restored, or a new run
             while not (self._stops_before(self.learner.step_count, first) or self._train_batch()):
                 pass
             self.run_state.commit()
-        stopped = self.stopped
         return {"step": self.learner.step_count, "version": self.weights.current,
                 "accounting": self.run_state.rules.accounting(),
-                "stopped": stopped.reason.value, "message": stopped.message}
+                "stopped": self.stopped.reason.value, "message": self.stopped.message}
 
     def _stops_before(self, step: int, first: int) -> bool:
         """Whether to end before the next batch: at the step target, or interrupted before
