@@ -62,6 +62,21 @@ class Spec(Frozen):
         return self
 
     @model_validator(mode="after")
+    def _versions_end_batches(self) -> "Spec":
+        # A checkpoint records the groups of the batch being trained as consumed (README,
+        # "Steps, batches and staleness"): one taken mid-batch would skip the rest of its
+        # updates on resume. So a version, published every sync.interval steps, ends a batch.
+        per_batch, interval = self.learner.updates_per_batch, self.sync.interval
+        if interval % per_batch:
+            raise AcrossFields(
+                "sync.interval: must be a multiple of the steps a batch yields, {0} × {1} = "
+                f"{self.learner.minibatches} × {self.learner.epochs} = {per_batch}, or a version (and its "
+                "checkpoint) would fall mid-batch, and a resume from it would skip the rest of that batch; "
+                + _interval_that_fits(interval, per_batch, self.learner.steps),
+                ("learner.minibatches", "learner.epochs", "learner.steps"))
+        return self
+
+    @model_validator(mode="after")
     def _last_step_is_published(self) -> "Spec":
         # Versions are published, and checkpointed, only every sync.interval steps: the
         # steps after the last multiple would be trained but never saved.
@@ -110,6 +125,35 @@ class Spec(Frozen):
         return yaml.safe_dump(data, sort_keys=False)
 
 
+class AcrossFields(ValueError):
+    """A check across sections whose message, after its own field, names others: the
+    `fields` at `{0}`, `{1}`, ... of `template`, each shown with its YAML line (or --set,
+    or default) where the spec came from YAML (`_issue`), by its path alone otherwise."""
+
+    def __init__(self, template: str, fields: tuple[str, ...]):
+        self.template, self.fields = template, fields
+        super().__init__(self.render(lambda path: None))
+
+    def render(self, where) -> str:
+        """The message, each field followed by `where(field)` in parentheses, if not None."""
+        named = [path if where(path) is None else f"{path} ({where(path)})" for path in self.fields]
+        return self.template.format(*named)
+
+
+def _interval_that_fits(interval: int, per_batch: int, steps: int) -> str:
+    """What to set: the multiples of `per_batch` nearest `interval` that divide `steps`;
+    else the nearest, with the `steps` that would fit it (`{2}`, in an `AcrossFields`
+    template, is learner.steps)."""
+    below = interval - interval % per_batch
+    nearest = [n for n in (below, below + per_batch) if n]
+    fits = [n for n in nearest if steps % n == 0]
+    if fits:
+        return "use " + " or ".join(map(str, fits))
+    n = nearest[0]
+    multiples = [m for m in (steps - steps % n, steps - steps % n + n) if m]
+    return f"use {n}, with {{2}} a multiple of it: " + " or ".join(map(str, multiples))
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecIssue:
     path: str
@@ -138,11 +182,31 @@ def load_spec(path: str | Path, overrides: list[str] = ()) -> Spec:
     """Reads, overrides (`path.to.field=yaml-value`) and validates a spec file, then checks
     that it can run here (see `runnable_problems`)."""
     path = Path(path)
+    return parse_spec(_decode(_read(path), str(path)), overrides, source=str(path))
+
+
+# A spec is a few KiB: the bound only keeps a wrong path (a log, an image) from being read whole.
+MAX_SPEC_BYTES = 2**20
+
+
+def _read(path: Path) -> bytes:
+    """The spec file's bytes: a regular file of at most MAX_SPEC_BYTES, else a SpecError."""
+    from tasks.buffer.prompts import Unreadable, open_regular
+
     try:
-        raw = path.read_bytes()
+        with open_regular(path, MAX_SPEC_BYTES, "a spec") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
     except OSError as e:
-        raise SpecError(str(path), [SpecIssue("", 0, f"cannot read: {e.strerror}")]) from None
-    return parse_spec(_decode(raw, str(path)), overrides, source=str(path))
+        message = f"cannot read: {e.strerror}"
+    except Unreadable as e:  # not a regular file, or too large
+        message = str(e)
+    except ValueError as e:  # a name the OS cannot take (a NUL byte in it)
+        message = f"cannot read: {e}"
+    else:
+        if len(raw) <= MAX_SPEC_BYTES:
+            return raw
+        message = f"{path} holds more than a spec may ({MAX_SPEC_BYTES // 2**20} MiB)"  # it grew since opened
+    raise SpecError(str(path), [SpecIssue("", 0, message)])
 
 
 def _decode(raw: bytes, source: str) -> str:
@@ -209,6 +273,9 @@ def _apply_override(data: dict, override: str, source: str) -> tuple[str, ...]:
 def _issue(error: dict[str, Any], root: yaml.Node | None, overridden: list[tuple[str, ...]]) -> SpecIssue:
     loc = tuple(str(p) for p in error["loc"])
     message = error["msg"]
+    across = error.get("ctx", {}).get("error")
+    if isinstance(across, AcrossFields):  # the other fields it names, located too
+        message = "Value error, " + across.render(lambda path: _where(tuple(path.split(".")), root, overridden))
     # Checks across fields have no location of their own; they name their field first
     # (relative to the section they validate, or absolute from the root).
     named = re.match(r"Value error, ([\w.]+): (.*)", message, re.S)
@@ -226,6 +293,20 @@ def _located(loc: tuple[str, ...], message: str, root: yaml.Node | None,
     if any(loc[: len(o)] == o for o in overridden):
         return SpecIssue(path, None, message)
     return SpecIssue(path, _line_of(root, loc), message)
+
+
+def _where(loc: tuple[str, ...], root: yaml.Node | None, overridden: list[tuple[str, ...]]) -> str:
+    """Where field `loc` got its value: "--set", "line N" of the YAML, or "default"."""
+    if any(loc[: len(o)] == o for o in overridden):
+        return "--set"
+    node = root
+    for part in loc:
+        if not isinstance(node, yaml.MappingNode):
+            return "default"
+        node = next((v for k, v in node.value if str(k.value) == part), None)
+        if node is None:
+            return "default"
+    return f"line {_line_of(root, loc)}"
 
 
 def _line_of(node: yaml.Node | None, loc: tuple[str, ...]) -> int:

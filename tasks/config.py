@@ -57,11 +57,45 @@ class ActorsConfig(Frozen):
     # that worker's default JAX device. A local cluster gives each worker these resources and
     # leaves JAX its default platform; without them, its actors run on CPU.
     resources: dict[str, PositiveFloat] = {}
+    # Memory of each worker of the local cluster, past which Dask's nanny restarts it (a
+    # leaking environment): a size ("4GiB"), or a fraction of the machine's memory shared
+    # by the workers (0.5: half of it, split among them). None: 0.5, leaving the learner and
+    # the system the rest. Dask's own default gives each worker all of it.
+    memory_limit: str | float | None = None
 
     @field_validator("cluster")
     @classmethod
     def _cluster(cls, cluster: str) -> str:
         return cluster_placement(cluster)
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _memory_limit(cls, limit: Any) -> str | float | None:
+        if isinstance(limit, bool) or not isinstance(limit, (str, int, float, type(None))):
+            raise ValueError(f"a size such as \"4GiB\", or a fraction of the machine's memory such as 0.5, "
+                             f"not {limit!r}")
+        if isinstance(limit, str):
+            from dask.utils import parse_bytes  # the parser Dask applies to it
+
+            try:
+                size = parse_bytes(limit)
+            except ValueError:
+                raise ValueError(f"{limit!r} is not a size; use one such as \"4GiB\" or \"500MB\", "
+                                 "or a fraction of the machine's memory such as 0.5") from None
+            if size <= 0:
+                raise ValueError(f"must be more than 0 bytes, not {limit!r}")
+        elif limit is not None and not 0 < limit <= 1:
+            raise ValueError(f"a fraction of the machine's memory is in (0, 1], not {limit}; "
+                             "for a size, write its unit (\"4GiB\")")
+        return limit
+
+    @model_validator(mode="after")
+    def _memory_limit_is_the_local_clusters(self) -> "ActorsConfig":
+        if self.memory_limit is not None and self.cluster != "local":
+            raise ValueError("memory_limit: applies to the local cluster only; give another cluster's "
+                             "workers theirs where they start (`dask worker --memory-limit 4GiB`, "
+                             "or a cluster class's cluster_kwargs, e.g. memory: 16GB)")
+        return self
 
     @property
     def n_actors(self) -> int:

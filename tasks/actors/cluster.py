@@ -7,7 +7,9 @@ import contextlib
 import os
 from typing import Iterator, Mapping
 
+from dask.utils import parse_bytes
 from distributed import Client, LocalCluster
+from distributed.system import MEMORY_LIMIT
 
 from tasks.config import ActorsConfig
 from tasks.entrypoints import load
@@ -39,12 +41,28 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
         # One thread for the worker's actor task, which runs for the whole session, and
         # one for other work (an evaluation, say).
         cluster = LocalCluster(n_workers=config.workers, threads_per_worker=2, processes=True,
-                               dashboard_address=None, env=env, resources=config.resources or None)
+                               dashboard_address=None, env=env, resources=config.resources or None,
+                               memory_limit=worker_memory_limit(config))
     else:
         cluster = cluster_class(config.cluster)(**config.cluster_kwargs)
         cluster.scale(config.workers)
     with cluster:
         yield cluster.scheduler_address
+
+
+# The share of the machine's memory the local cluster's workers get in all, unless
+# `actors.memory_limit` says otherwise: the learner and the system keep the rest.
+DEFAULT_MEMORY_SHARE = 0.5
+
+
+def worker_memory_limit(config: ActorsConfig) -> int:
+    """Bytes each local worker may use before Dask's nanny restarts it: `actors.memory_limit`
+    as a size, or its fraction (default DEFAULT_MEMORY_SHARE) of the machine's memory
+    (as Dask measures it: cgroup and rlimit included) divided among the workers."""
+    limit = config.memory_limit if config.memory_limit is not None else DEFAULT_MEMORY_SHARE
+    if isinstance(limit, str):
+        return parse_bytes(limit)
+    return int(limit * MEMORY_LIMIT / config.workers)
 
 
 def cluster_class(name: str, field: str = "actors.cluster") -> type:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import os
 import random
+import stat
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from tasks.config import DataConfig
 
@@ -92,13 +95,18 @@ def _draw_outside(env, seed: str, held_out: frozenset[str]) -> str:
                      f"({len(held_out)} held out): the environment has too few tasks; hold out fewer")
 
 
+# A data file is read whole into memory, in every process that draws prompts: a bound far
+# above any prompt set, far below what a device file or a mistaken path could hold.
+MAX_DATA_BYTES = 2**30
+
+
 def read_jsonl(path: Path, field: str = "data.source") -> list[str]:
     """The prompts of a JSONL file, one {"prompt": "..."} per line (blank lines skipped).
 
     Raises ValueError naming `field`, the file and, for a bad line, its number.
     """
     prompts = []
-    for n, line in enumerate(_read_bytes(path, field).split(b"\n"), 1):
+    for n, line in _lines(path, field):
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -118,13 +126,57 @@ def read_jsonl(path: Path, field: str = "data.source") -> list[str]:
     return prompts
 
 
-def _read_bytes(path: Path, field: str) -> bytes:
-    # Only a regular file: reading a device or a pipe (/dev/zero) may never end.
-    if path.exists() and not path.is_file():
-        raise ValueError(f"{field}: {path} is not a file")
+def _lines(path: Path, field: str) -> Iterator[tuple[int, bytes]]:
+    """The file's lines (split on "\\n" only), numbered from 1, read one at a time."""
     try:
-        return path.read_bytes()
+        file = open_regular(path, MAX_DATA_BYTES, "a data file")
     except OSError as e:
         raise ValueError(f"{field}: cannot read {path}: {e.strerror}") from None
+    except Unreadable as e:
+        raise ValueError(f"{field}: {e}") from None
     except ValueError as e:  # a name the OS cannot take (a NUL byte in it)
         raise ValueError(f"{field}: cannot read {str(path)!r}: {e}") from None
+    with file:
+        read = 0
+        for n, line in enumerate(file, 1):
+            read += len(line)
+            if read > MAX_DATA_BYTES:  # it grew since it was opened
+                raise ValueError(f"{field}: {path} holds more than a data file may ({_size(MAX_DATA_BYTES)})")
+            yield n, line.removesuffix(b"\n")
+
+
+class Unreadable(ValueError):
+    """A file Tandem will not read: not a regular file, or larger than its bound."""
+
+
+def open_regular(path: Path, max_bytes: int, what: str) -> BinaryIO:
+    """`path` opened for reading, if it is a regular file of at most `max_bytes`: read to
+    its end, a device (/dev/zero) never ends, and opening a FIFO waits for a writer.
+
+    Raises Unreadable saying which (`what` names what the file should be: "a spec"),
+    OSError where it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, without a writer
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable(f"{path} is not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > max_bytes:
+            raise Unreadable(f"{path} holds {info.st_size} bytes, more than {what} may ({_size(max_bytes)})")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
+def _size(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"

@@ -58,12 +58,21 @@ def first_version(group: Group) -> int:
 
 class EpisodeSample:
     """Training's sample: the first `per_version` episodes of each version, one per group,
-    in `directory/v{N}.jsonl`; past `max_bytes` in all, the oldest versions' files go."""
+    in `directory/v{N}.jsonl`; past `max_bytes` in all, the oldest versions' files go.
+
+    One is made per learner attempt, and an attempt after the first (a retry, a resume)
+    replays the versions after its checkpoint's. Their files, an attempt rolled back's, are
+    rewritten, not appended to: a session's versions only grow from the one it resumed
+    from, which plays its first groups, so the files above the first version it takes a
+    group of are rolled back ones. That version's own file was played by the same weights
+    (the checkpoint's): its episodes count towards `per_version`, as every file's do.
+    """
 
     def __init__(self, directory: Path, tokenizer: ChatTokenizer, per_version: int, max_bytes: int):
         self.directory, self.tokenizer = directory, tokenizer
         self.per_version, self.max_bytes = per_version, max_bytes
-        self._kept: dict[int, int] = {}  # version -> episodes written this session
+        self._kept: dict[int, int] = {}  # version -> episodes its file holds, once this session looked
+        self._started = False  # whether this session has taken a group yet
         # Bytes of each version's file, oldest first: read once, then kept up to date here
         # (a version a step would otherwise mean a directory scan per episode).
         files = sorted(directory.glob("v*.jsonl"), key=lambda p: int(p.stem[1:])) if directory.is_dir() else []
@@ -71,18 +80,43 @@ class EpisodeSample:
 
     def add(self, groups: list[Group]) -> None:
         """Keeps an episode of each group while its version wants more."""
+        if groups and not self._started:
+            self._started = True
+            self._drop_after(min(first_version(group) for group in groups))
         for group in groups:
             version = first_version(group)
-            if self._kept.get(version, 0) >= self.per_version:
+            if self._count(version) >= self.per_version:
                 continue
-            self._kept[version] = self._kept.get(version, 0) + 1
+            self._kept[version] += 1
             (record,) = episode_records(group, self.tokenizer, limit=1)
             line = json.dumps({"version": version, **record}) + "\n"
             self.directory.mkdir(parents=True, exist_ok=True)
-            with (self.directory / f"v{version}.jsonl").open("a") as f:
+            with self._path(version).open("a") as f:
                 f.write(line)
             self._sizes[version] = self._sizes.get(version, 0) + len(line.encode())
             self._rotate(keep=version)
+
+    def _path(self, version: int) -> Path:
+        return self.directory / f"v{version}.jsonl"
+
+    def _drop_after(self, first: int) -> None:
+        """Removes the files of versions above `first`: an attempt rolled back played them."""
+        for version in [v for v in self._sizes if v > first]:
+            self._path(version).unlink(missing_ok=True)
+            del self._sizes[version]
+
+    def _count(self, version: int) -> int:
+        """Episodes `version`'s file holds; the first time, an earlier session's file is cut
+        back to its whole records, at most `per_version` of them."""
+        if version not in self._kept:
+            path = self._path(version)
+            records = read_episodes(path) if path.exists() else []
+            if len(records) > self.per_version or (records and not path.read_bytes().endswith(b"\n")):
+                records = records[: self.per_version]
+                path.write_text("".join(json.dumps(r) + "\n" for r in records))
+                self._sizes[version] = path.stat().st_size
+            self._kept[version] = len(records)
+        return self._kept[version]
 
     def _rotate(self, keep: int) -> None:
         total = sum(self._sizes.values())
@@ -90,7 +124,7 @@ class EpisodeSample:
             if total <= self.max_bytes or version == keep:
                 break
             total -= self._sizes.pop(version)
-            (self.directory / f"v{version}.jsonl").unlink(missing_ok=True)
+            self._path(version).unlink(missing_ok=True)
 
 
 def write_eval_episodes(run_dir: Path, version: int, records: list[dict]) -> Path:

@@ -12,3 +12,15 @@ from __future__ import annotations
 class Unrecoverable(RuntimeError):
     """A failure no retry can fix (an environment that does not import where the actors
     run, say): the learner task fails without retrying. Subclass it for such failures."""
+
+
+class CheckpointMismatch(Unrecoverable):
+    """The run's checkpoints hold a train state of other shapes than the spec's (its model
+    or learner section changed): every retry restores them the same way, and they are not
+    damaged, so none is set aside (`tasks.runtime.run_state`)."""
+
+
+class DiskFull(Unrecoverable):
+    """A checkpoint's write ran out of disk space (ENOSPC): a retry seconds later finds the
+    disk as full. Orbax writes to a temporary directory renamed once complete, so the
+    checkpoints before it are intact (`tasks.runtime.checkpoints`)."""

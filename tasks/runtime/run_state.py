@@ -11,7 +11,8 @@ optimizer state, step) and a JSON record:
 data, accounting and redo are one snapshot of the intake, taken under its lock.
 
 A checkpoint that does not restore (an array or the record cut short by a full disk or a
-power loss) is set aside with a warning, and the one before it restored instead.
+power loss) is set aside with a warning, and the one before it restored instead. One that
+does not fit the spec (its model changed) is no damage: the restore fails, unretried.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Callable, Protocol
 from tasks.buffer.intake import IntakeRules
 from tasks.records.atomic import write_json_atomic
 from tasks.runtime.checkpoints import Checkpoints
+from tasks.runtime.failures import CheckpointMismatch
 
 
 class VersionRecorder(Protocol):
@@ -56,7 +58,9 @@ class RunState:
     def restore(self, abstract_state: Any) -> Restored | None:
         """The latest checkpoint that restores, its intake snapshot restored into the rules;
         None if there is none. Damaged later ones are set aside, loudly; if none restores,
-        raises, and moves nothing (the cause may be the spec, not the checkpoints)."""
+        raises, and moves nothing (the cause may be the disk, mended by the next attempt).
+        A checkpoint of other shapes than the spec's is no damage: CheckpointMismatch, at
+        once, nothing moved (every attempt would fail the same way)."""
         damaged: list[tuple[int, Exception]] = []
         for version in reversed(self.checkpoints.versions()):
             try:
@@ -64,6 +68,7 @@ class RunState:
                 self.rules.restore(record)
                 self.rows, step = record["versions"], record["step"]
             except Exception as e:  # Orbax's errors name no common type: a truncated array, bad JSON
+                self._raise_if_mismatched(version, abstract_state, e)
                 damaged.append((version, e))
                 continue
             self._set_aside(damaged, version)
@@ -72,6 +77,16 @@ class RunState:
             raise RuntimeError(f"no checkpoint in {self.checkpoints.directory} restores: "
                                + "; ".join(f"version {v}: {type(e).__name__}: {str(e)[:200]}" for v, e in damaged))
         return None
+
+    def _raise_if_mismatched(self, version: int, abstract_state: Any, error: Exception) -> None:
+        differ = self.checkpoints.mismatch(version, abstract_state)
+        if differ:
+            more = f"; and {len(differ) - 3} more" if len(differ) > 3 else ""
+            raise CheckpointMismatch(
+                f"checkpoint {version} in {self.checkpoints.directory} does not fit this spec: "
+                + "; ".join(differ[:3]) + more + ": the spec's model and learner sections must match the run's, "
+                "those its checkpoints were trained with; set them back, or train this spec in another "
+                "checkpoint.dir (or with --fresh, which moves this run aside)") from error
 
     def _set_aside(self, damaged: list[tuple[int, Exception]], restored: int) -> None:
         for version, error in damaged:

@@ -1,4 +1,5 @@
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -330,3 +331,87 @@ def test_recursive_alias_is_refused():
 def test_deep_nesting_is_a_spec_error():
     issues = _issues("env: {kwargs: {a: " + "[" * 5000 + "]" * 5000 + "}}\n")
     assert issues == ["<spec> (line 1): nested too deeply for a spec"]
+
+
+# --- A version ends a batch -----------------------------------------------------------
+
+def test_a_version_never_falls_mid_batch():
+    """A checkpoint records its batch's groups as consumed: with 2 updates a batch and a
+    version every step, one taken after the first update would skip the second on resume."""
+    issues = _issues("learner:\n  steps: 8\n  minibatches: 2\nsync:\n  interval: 1\n")
+    assert issues == [
+        "sync.interval (line 5): must be a multiple of the steps a batch yields, learner.minibatches (line 3) "
+        "× learner.epochs (default) = 2 × 1 = 2, or a version (and its checkpoint) would fall mid-batch, and a "
+        "resume from it would skip the rest of that batch; use 2"]
+    # An override is marked as such; the value proposed fits learner.steps too, or says how.
+    issues = _issues("learner: {steps: 1000}\nsync: {interval: 1}\n", ["learner.epochs=3"])
+    assert issues[0].startswith("sync.interval (line 2): must be a multiple of the steps a batch yields, "
+                                "learner.minibatches (default) × learner.epochs (--set) = 1 × 3 = 3,")
+    assert issues[0].endswith("; use 3, with learner.steps (line 1) a multiple of it: 999 or 1002")
+    assert _issues("learner: {steps: 12, epochs: 4}\nsync: {interval: 6}\n")[0].endswith("; use 4")
+    assert _issues("learner: {steps: 24, epochs: 4}\nsync: {interval: 6}\n")[0].endswith("; use 4 or 8")
+    # A version every batch, or every few batches: fine.
+    assert parse_spec("learner: {steps: 8, minibatches: 2}\nsync: {interval: 2}\n").sync.interval == 2
+    assert parse_spec("learner: {steps: 8, minibatches: 2}\nsync: {interval: 4}\n").sync.interval == 4
+
+
+# --- Inputs read with a bound ---------------------------------------------------------
+
+def test_a_spec_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    with pytest.raises(SpecError) as e:
+        load_spec("/dev/zero")  # read to its end, it never ends
+    assert [str(i) for i in e.value.issues] == ["<spec> (spec): /dev/zero is not a regular file (a character device)"]
+    fifo = tmp_path / "spec.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecError) as e:  # opened for reading, it waits for a writer forever
+        _within(10, lambda: load_spec(fifo))
+    assert [str(i) for i in e.value.issues] == [f"<spec> (spec): {fifo} is not a regular file (a FIFO)"]
+    with pytest.raises(SpecError, match="is not a regular file"):
+        load_spec(tmp_path)
+
+
+def test_a_spec_file_larger_than_the_bound_is_refused_unread(tmp_path):
+    path = tmp_path / "huge.yaml"
+    with path.open("wb") as f:
+        f.truncate(2 * 2**20)  # sparse: 2 MiB of nothing
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    assert [str(i) for i in e.value.issues] == [
+        f"<spec> (spec): {path} holds 2097152 bytes, more than a spec may (1 MiB)"]
+
+
+def test_a_data_source_that_is_not_a_regular_file_or_too_large(tmp_path, monkeypatch):
+    from tasks.buffer import prompts
+
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)
+    issues = _within(10, lambda: _issues(f"name: x\ndata:\n  source: {fifo}\n"))
+    assert issues == [f"data.source (line 3): {fifo} is not a regular file (a FIFO)"]
+    assert _issues("name: x\ndata:\n  source: /dev/zero\n") == [
+        "data.source (line 3): /dev/zero is not a regular file (a character device)"]
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"prompt": "a"}\n' * 100)
+    monkeypatch.setattr(prompts, "MAX_DATA_BYTES", 1000)
+    assert _issues(f"name: x\ndata:\n  source: {big}\n") == [
+        f"data.source (line 3): {big} holds 1600 bytes, more than a data file may (1000 bytes)"]
+
+
+def _within(seconds, call):
+    """`call()`, failing the test if it has not returned within `seconds` (it may block)."""
+    import threading
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as e:  # re-raised in the test's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

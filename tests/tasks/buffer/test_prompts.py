@@ -61,7 +61,7 @@ def test_non_utf8_jsonl_names_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("make, message", [
     (lambda d: d / "missing.jsonl", "cannot read .*missing.jsonl: No such file or directory"),
-    (lambda d: d, "is not a file"),
+    (lambda d: d, r"is not a regular file \(a directory\)"),
     (lambda d: (d / "empty.jsonl", (d / "empty.jsonl").write_text("\n\n"))[0], "empty.jsonl holds no prompts"),
 ])
 def test_unreadable_jsonl_is_a_value_error(tmp_path, make, message):

@@ -1,5 +1,7 @@
 """Episodes as text: turns decoded from tokens, a few per version, rotated by size."""
 
+import json
+
 import numpy as np
 
 from learner.chat import make_tokenizer
@@ -49,3 +51,28 @@ def test_a_few_episodes_per_version_and_the_oldest_files_go_past_the_budget(tmp_
     small.add([Group(9, "p9", (sample(version=7),), 0.0, 0.0)])
     assert sorted(p.name for p in tmp_path.glob("v*.jsonl")) == ["v2.jsonl", "v7.jsonl"]  # v1, the oldest, went
     assert sum(p.stat().st_size for p in tmp_path.glob("v*.jsonl")) <= size + 1
+
+
+def groups_of(versions, prefix):
+    return [Group(i, f"{prefix}{i}", (sample(version=v),), 0.0, 0.0) for i, v in enumerate(versions)]
+
+
+def test_a_resumed_attempt_rewrites_the_versions_after_its_checkpoint_and_never_exceeds_per_version(tmp_path):
+    """Each attempt (a retry, a resume) appended again to the versions it replayed: files of
+    16 episodes where per_version was 4, most of them from attempts rolled back."""
+    first = EpisodeSample(tmp_path, CHAT, per_version=2, max_bytes=10**6)
+    first.add(groups_of([1, 1, 2, 2, 3, 3], "old"))  # then it fails; the checkpoint is version 1's
+    for attempt in ("retry", "resume"):
+        again = EpisodeSample(tmp_path, CHAT, per_version=2, max_bytes=10**6)
+        again.add(groups_of([1, 1], attempt))  # the first batch: played by the checkpoint's version
+        again.add(groups_of([2, 2, 2], attempt))
+    counts = {p.name: len(read_episodes(p)) for p in sorted(tmp_path.glob("v*.jsonl"))}
+    assert counts == {"v1.jsonl": 2, "v2.jsonl": 2}  # v3: a version rolled back, not played again
+    assert [r["prompt"] for r in read_episodes(tmp_path / "v1.jsonl")] == ["old0", "old1"]  # the same weights
+    assert [r["prompt"] for r in read_episodes(tmp_path / "v2.jsonl")] == ["resume0", "resume1"]
+
+
+def test_a_file_over_its_share_is_cut_back(tmp_path):
+    (tmp_path / "v4.jsonl").write_text("".join(json.dumps({"version": 4, "prompt": f"p{i}"}) + "\n" for i in range(16)))
+    EpisodeSample(tmp_path, CHAT, per_version=4, max_bytes=10**6).add(groups_of([4], "new"))
+    assert [r["prompt"] for r in read_episodes(tmp_path / "v4.jsonl")] == ["p0", "p1", "p2", "p3"]

@@ -1,5 +1,6 @@
 """Checkpoints: round trip, keep-N, and a disk that fills up mid-save."""
 
+import errno
 import os
 import subprocess
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from tasks.runtime.checkpoints import Checkpoints
+from tasks.runtime.failures import Unrecoverable
 
 
 def state(value: float, size: int = 1000):
@@ -51,7 +53,7 @@ def test_a_full_disk_leaves_the_previous_checkpoint_intact(small_disk):
     filler = small_disk / "filler"
     free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
     filler.write_bytes(b"\0" * (free - 1_000_000))  # room for half a checkpoint
-    with pytest.raises(Exception):  # from the write in the background, at the latest on wait
+    with pytest.raises(Unrecoverable, match="the disk is full"):  # from the write in the background, at the latest on wait
         checkpoints.save(2, state(2.0, size), {"version": 2})
         checkpoints.wait()
     filler.unlink()
@@ -65,3 +67,33 @@ def test_a_full_disk_leaves_the_previous_checkpoint_intact(small_disk):
     reopened.wait()
     assert reopened.versions() == [1, 2]
     reopened.close()
+
+
+def test_a_full_disk_is_unrecoverable_and_says_the_previous_checkpoints_are_intact(tmp_path, monkeypatch):
+    """ENOSPC from Orbax's write: a retry seconds later finds the disk as full."""
+    checkpoints = Checkpoints(tmp_path / "checkpoints", keep=None)
+    checkpoints.save(1, state(1.0), {"version": 1})
+    checkpoints.wait()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoints._manager, "save", full)
+    with pytest.raises(Unrecoverable) as e:
+        checkpoints.save(2, state(2.0), {"version": 2})
+    assert str(e.value) == (
+        f"writing checkpoint 2 in {checkpoints.directory}: the disk is full (No space left on device); "
+        "the previous checkpoints are intact (the latest: version 1): free some space, then resume the run")
+    assert isinstance(e.value.__cause__, OSError)
+    monkeypatch.undo()
+    assert checkpoints.versions() == [1]
+    checkpoints.close()
+
+
+def test_other_write_errors_stay_retriable(tmp_path, monkeypatch):
+    checkpoints = Checkpoints(tmp_path / "checkpoints", keep=None)
+    monkeypatch.setattr(checkpoints._manager, "save",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
+    with pytest.raises(OSError) as e:
+        checkpoints.save(1, state(1.0), {"version": 1})
+    assert not isinstance(e.value, Unrecoverable)

@@ -7,8 +7,12 @@ import jax
 import numpy as np
 import pytest
 
+from learner.config import LearnerConfig, LossConfig, MeshConfig, ModelConfig
+from learner.sharding import make_mesh
+from learner.train import abstract_train_state, init_train_state
 from tasks.buffer.ledger import balanced
 from tasks.runtime.checkpoints import Checkpoints
+from tasks.runtime.failures import Unrecoverable
 from tasks.runtime.run_state import RunState
 from tests.support.groups import make_group, make_rules
 
@@ -207,7 +211,40 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_previous_one_restored(
 
 def test_when_no_checkpoint_restores_nothing_is_moved_and_the_error_names_each(tmp_path):
     saved_run(tmp_path)
-    wrong = {**BIG, "v": BIG["w"]}  # the spec's model changed, say: a tree the checkpoints do not hold
-    with pytest.raises(RuntimeError, match="no checkpoint .* restores: version 2: .*; version 1: "):
-        run_state(tmp_path, make_rules()).restore(wrong)
+    for version in (1, 2):
+        truncate(largest_file(tmp_path / "checkpoints" / str(version) / "state"))
+    with pytest.raises(RuntimeError, match="no checkpoint .* restores: version 2: .*; version 1: ") as e:
+        run_state(tmp_path, make_rules()).restore(BIG)
+    assert not isinstance(e.value, Unrecoverable)  # damage on a disk a retry may see mended
     assert Checkpoints(tmp_path / "checkpoints", keep=None).versions() == [1, 2]
+
+
+def test_a_checkpoint_the_spec_does_not_fit_fails_without_retry_and_is_not_moved(tmp_path):
+    """The spec's model changed (model.d_model 16 -> 32): every checkpoint fails to restore,
+    the same way on every retry, and none of them is damaged."""
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    learner = LearnerConfig(buckets=(16,))
+    state = run_state(tmp_path, make_rules())
+    for version in (1, 2):
+        state.save(init_train_state(tiny_model(16), learner, seed=0, mesh=mesh), step=4 * version,
+                   version=version, reward_mean=0.5)
+    state.close()
+
+    warnings = []
+    with pytest.raises(Unrecoverable) as e:
+        run_state(tmp_path, make_rules(), warnings=warnings).restore(
+            abstract_train_state(tiny_model(32), learner, mesh))
+    message = str(e.value)
+    assert message.startswith(f"checkpoint 2 in {tmp_path.resolve() / 'checkpoints'} does not fit this spec:")
+    assert "params.embed.embedding: the checkpoint's shape (100, 16), the spec's (100, 32)" in message
+    assert "the spec's model and learner sections must match the run's" in message
+    assert warnings == [] and not (tmp_path / "damaged-checkpoints").exists()
+    assert Checkpoints(tmp_path / "checkpoints", keep=None).versions() == [1, 2]
+    # A tree the checkpoints do not hold (learner.loss.kl_coef > 0 keeps a reference copy): the same.
+    with pytest.raises(Unrecoverable, match=r"reference\.embed\.embedding: not in the checkpoint"):
+        run_state(tmp_path, make_rules()).restore(abstract_train_state(
+            tiny_model(16), learner.model_copy(update={"loss": LossConfig(kl_coef=0.1)}), mesh))
+
+
+def tiny_model(d_model: int) -> ModelConfig:
+    return ModelConfig(d_model=d_model, n_heads=2, n_kv_heads=1, d_ff=32, max_len=16)
