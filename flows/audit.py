@@ -253,7 +253,9 @@ def _why(m, pool: Pool, p: Prediction, mode: str, slots: int) -> tuple[str, ...]
             out.append(f"feeding the learner in full would need more groups open than a budget of {pool.admission} "
                        "versions admits: staler tokens would cost more steps than the faster learner gains")
         if p.produced < p.consumed:
-            out.append("the actors cannot feed the learner: more actor cores (actors.workers) would")
+            out.append(f"the actors cannot feed the learner ({p.produced:.1f} kept groups/s of the {p.consumed:.1f} "
+                       "it could take): more actor cores (actors.workers, on more machines: actors.cluster) "
+                       "would keep it busier; more groups at once on these cores would not")
     else:
         out.append("sync plays each batch with the latest weights: staleness 0, the learner waits for every batch")
     return tuple(out)

@@ -1,12 +1,19 @@
 """The Prefect API a run reports to: `PREFECT_API_URL` if set, else a local server.
 
-The local server listens on loopback (port `TANDEM_PREFECT_PORT`, default 4200), keeps
-its SQLite database in PREFECT_HOME, and outlives the run (it is reused by the next one),
-so the UI keeps showing past runs; `tandem server stop` stops it.
+The local server listens on loopback (port `TANDEM_PREFECT_PORT`, default 4200) and
+outlives the run (it is reused by the next one), so the UI keeps showing past runs;
+`tandem server stop` stops it. Each port's server has a home of its own,
+`~/.tandem/prefect-<port>/` (`TANDEM_HOME` moves `~/.tandem`), with its SQLite database:
+a second server on another port, for another job, shows that job's runs only (two on
+one database showed each other's). The home records the server's pid and port, so that
+`tandem server status|stop` act only on a server this project started: a Prefect server
+someone else started on the port is reported as such and never stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -17,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 DEFAULT_PORT = 4200
+RECORD = "tandem-server.json"  # in the server's home: the pid and port of the server started there
 
 
 def local_port() -> int:
@@ -38,52 +46,131 @@ def healthy(api_url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def server_home(port: int) -> Path:
+    """The home of the local server on `port`: its database, log and record."""
+    return Path(os.environ.get("TANDEM_HOME") or Path.home() / ".tandem").expanduser() / f"prefect-{port}"
+
+
+def server_env(port: int, home: Path) -> dict[str, str]:
+    """The environment of the server started on `port`: its own home and SQLite database
+    (else every server shares `~/.prefect/prefect.db`), its UI talking to its own API, and
+    no analytics (whose notice printed into the terminal of the run that started it)."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return env | {"PREFECT_HOME": str(home),
+                  "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+                  "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # else it talks to the default port
+                  "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerRecord:
+    """The server this project started in a home: its pid and port, and when that process
+    began (a pid reused by another process after the server's death is not taken for it)."""
+
+    pid: int
+    port: int
+    created: float
+
+    def write(self, home: Path) -> None:
+        (home / RECORD).write_text(json.dumps(dataclasses.asdict(self)) + "\n")
+
+    @classmethod
+    def read(cls, home: Path) -> "ServerRecord | None":
+        try:
+            return cls(**json.loads((home / RECORD).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
 def start_local_server(port: int = DEFAULT_PORT, home: Path | None = None,
                        timeout_s: float = 120.0) -> tuple[str, subprocess.Popen | None]:
-    """Starts (or reuses) a server on 127.0.0.1:`port`; returns its API URL and process
-    (None when an already running server is reused)."""
+    """Starts (or reuses) a server on 127.0.0.1:`port`, its home `home` (by default
+    `server_home(port)`); returns its API URL and process (None when a server already
+    answers there, whoever started it)."""
     api_url = f"http://127.0.0.1:{port}/api"
     if healthy(api_url):
         return api_url, None
-    env = dict(os.environ)
-    env.pop("PREFECT_API_URL", None)
-    env["PREFECT_UI_API_URL"] = api_url  # else the UI talks to the API on the default port
-    if home is not None:
-        env["PREFECT_HOME"] = str(home)
-    log_dir = Path(env.get("PREFECT_HOME", Path.home() / ".prefect"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    home = home or server_home(port)
+    home.mkdir(parents=True, exist_ok=True)
     prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
-    with (log_dir / "tandem-server.log").open("ab") as log:
+    with (home / "tandem-server.log").open("ab") as log:
         process = subprocess.Popen(
             [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, env=server_env(port, home), start_new_session=True)
+    _record(process.pid, port, home)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if healthy(api_url):
             return api_url, process
         if process.poll() is not None:
-            raise RuntimeError(f"prefect server exited ({process.returncode}); see {log_dir / 'tandem-server.log'}")
+            raise RuntimeError(f"prefect server exited ({process.returncode}); see {home / 'tandem-server.log'}")
         time.sleep(0.5)
     process.terminate()
     raise RuntimeError(f"prefect server did not answer within {timeout_s:.0f}s")
 
 
+def _record(pid: int, port: int, home: Path) -> None:
+    import psutil  # a dependency of distributed
+
+    try:
+        ServerRecord(pid, port, psutil.Process(pid).create_time()).write(home)
+    except psutil.NoSuchProcess:  # it died at once: `start_local_server` says so
+        pass
+
+
 def ensure_api() -> tuple[str, str]:
     """The API URL to use, starting a local server if none is configured; and where it
-    comes from: "configured", "running" (a local server, reused) or "started"."""
+    comes from: "configured", "running" (the local server this project started, reused),
+    "foreign" (a Prefect server someone else started on the port, reported to but never
+    stopped) or "started"."""
     url = configured_api_url()
     if url:
         return url, "configured"
-    url, process = start_local_server(local_port())
+    port = local_port()
+    url, process = start_local_server(port)
     os.environ["PREFECT_API_URL"] = url
-    return url, "running" if process is None else "started"
+    if process is not None:
+        return url, "started"
+    return url, "running" if own_server(port) is not None else "foreign"
+
+
+def own_server(port: int, home: Path | None = None) -> int | None:
+    """The pid of the server this project started on `port` (recorded in `home`, by
+    default `server_home(port)`), if it still runs; a record of one that does not (dead,
+    or its pid now another process's) is removed."""
+    home = home or server_home(port)
+    record = ServerRecord.read(home)
+    if record is None:
+        return None
+    if record.port == port and _is_server(record):
+        return record.pid
+    (home / RECORD).unlink(missing_ok=True)
+    return None
+
+
+def _is_server(record: ServerRecord) -> bool:
+    """The recorded process is alive, is the one recorded (same start time) and is a Prefect server."""
+    import psutil
+
+    try:
+        process = psutil.Process(record.pid)
+        alive = process.status() != psutil.STATUS_ZOMBIE and abs(process.create_time() - record.created) < 0.01
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+    return alive and "prefect" in command and "server" in command
 
 
 def server_pid(port: int) -> int | None:
-    """The Prefect server listening on 127.0.0.1:`port`, if one is."""
+    """The Prefect server listening on 127.0.0.1:`port`, if one is (whoever started it;
+    None also where the system does not tell this user whose a socket is)."""
     import psutil  # a dependency of distributed
 
-    for connection in psutil.net_connections("tcp"):
+    try:
+        connections = psutil.net_connections("tcp")
+    except psutil.Error:
+        return None
+    for connection in connections:
         if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
             try:
                 command = " ".join(psutil.Process(connection.pid).cmdline())
@@ -95,9 +182,9 @@ def server_pid(port: int) -> int | None:
 
 
 def stop_local_server(port: int, timeout_s: float = 30.0) -> int | None:
-    """Stops the Prefect server on `port` (its process group: a server Tandem started is the
-    leader of its own); returns its pid, None if none was running."""
-    pid = server_pid(port)
+    """Stops the server this project started on `port` (its process group: it leads its
+    own); returns its pid, None if none of ours runs there. Never one started otherwise."""
+    pid = own_server(port)
     if pid is None:
         return None
     if os.getpgid(pid) == pid:
@@ -109,6 +196,7 @@ def stop_local_server(port: int, timeout_s: float = 30.0) -> int | None:
         time.sleep(0.2)
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
+    (server_home(port) / RECORD).unlink(missing_ok=True)
     return pid
 
 
@@ -127,25 +215,44 @@ def ui_url(api_url: str) -> str:
 
 def server_command(action: str, port: int | None) -> int:
     """`tandem server start|stop|status`: the local server `tandem run` uses when
-    `PREFECT_API_URL` is not set. Exit 0, or 1 for `status` when none is running."""
+    `PREFECT_API_URL` is not set. Exit 0, or 1 for `status` when no server answers, for
+    `stop` and `start` when one this project did not start holds the port."""
     port = local_port() if port is None else port
     url = f"http://127.0.0.1:{port}"
+    ours = own_server(port)
+    if ours is None and healthy(f"{url}/api"):
+        return _foreign(action, url, port)
     if action == "start":
         try:
             _, process = start_local_server(port)
         except RuntimeError as e:
             print(e, file=sys.stderr)
             return 1
-        print(f"Prefect server at {url} ({'started' if process else 'already running'}, pid {server_pid(port)}); "
-              f"stop it with: tandem server stop{_port_flag(port)}")
+        print(f"Prefect server at {url} ({'started' if process else 'already running'}, pid {own_server(port)}, "
+              f"its database {server_home(port) / 'prefect.db'}); stop it with: tandem server stop{_port_flag(port)}")
     elif action == "stop":
         pid = stop_local_server(port)
         print(f"stopped the Prefect server at {url} (pid {pid})" if pid else f"no Prefect server at {url}")
     else:
-        pid = server_pid(port)
-        print(f"Prefect server at {url} (pid {pid})" if pid else f"no Prefect server at {url}")
-        return 0 if pid else 1
+        print(f"Prefect server at {url} (pid {ours}, its database {server_home(port) / 'prefect.db'})" if ours
+              else f"no Prefect server at {url}")
+        return 0 if ours else 1
     return 0
+
+
+def _foreign(action: str, url: str, port: int) -> int:
+    """What `tandem server ACTION` says of a Prefect server this project did not start:
+    `tandem run` reports to it, but it is not ours to start or stop."""
+    pid = server_pid(port)
+    who = f"a Prefect server this project did not start answers at {url}" + (f" (pid {pid})" if pid else "")
+    if action == "status":
+        print(f"{who}: `tandem run` reports to it; `tandem server stop` leaves it running")
+        return 0
+    if action == "stop":
+        print(f"{who}; not stopped")
+    else:
+        print(f"{who}; not started: `tandem run` reports to it, or use another port (--port, TANDEM_PREFECT_PORT)")
+    return 1
 
 
 def _port_flag(port: int) -> str:

@@ -26,6 +26,9 @@ whole context, from 2 for a suffix (whose per-row start positions are traced), b
 most max_len; decode masks the rows it decodes and traces its chunk length. So with
 max_len = 2**m (m >= 4), at most (ceil(log2 slots) + 1) * ((m - 3) + m) prefill shapes
 (the demo's max_len 16: 1 whole-context and 4 suffix lengths per K), one decode.
+`Engine.warm_up` compiles them all before the first request, for the K its callers can
+reach (at most as many rows as requests in flight at once), so that no request waits on
+a compile: an episode's clock (`env.episode_timeout_s`) starts after it.
 Token i of a request is drawn with `fold_in(request.key, i)`: the same tokens in
 any slot, beside any other requests. Versions follow `actors.on_sync` (README) per
 request: a follower switches to newer weights at a check boundary ("retract"), a
@@ -257,32 +260,75 @@ class Engine:
         generate from there on record `version`."""
         requests = [self._rows[b][1] for b in slots]
         first_n = np.array([len(r.tokens) for r in requests], np.int32)
-        k, suffix = _bucket(len(slots), 1), starts_n is not None
+        suffix = starts_n is not None
         new = Rows(tokens=tokens_ns, lengths=lengths_n, first=first_n,
                    stop_at=np.minimum(first_n + np.array([r.max_new_tokens for r in requests], np.int32), self.max_len),
                    keys=np.stack([self._rows[b][2] for b in slots]))
-        new = jax.tree.map(lambda x: _padded(x, k), new)  # padding rows: one token, slot B (dropped)
         starts_n = starts_n if suffix else np.zeros(len(slots), np.int32)
-        prefill_len = min(_bucket(int((lengths_n - starts_n).max()), _MIN_SUFFIX if suffix else _MIN_PREFILL),
-                          self.max_len)
-        slots_k = np.pad(np.asarray(slots, np.int32), (0, k - len(slots)), constant_values=len(self._rows))
-        self._state = admit(self._extend, self._params[version], self._state, slots_k, new,
-                            np.pad(starts_n, (0, k - len(slots))), prefill_len, suffix)
-        self._prefill_shapes.add((k, prefill_len, suffix))
+        self._prefill(version, np.asarray(slots, np.int32), new, starts_n, _bucket(len(slots), 1),
+                      self._prefill_len(int((lengths_n - starts_n).max()), suffix), suffix)
         self._version_b[slots] = version
         later_ns = np.arange(self.max_len) >= lengths_n[:, None]
         self._versions_bs[slots] = np.where(later_ns, version, self._versions_bs[slots])
+
+    def _prefill_len(self, tokens: int, suffix: bool) -> int:
+        """P, the positions a prefill of `tokens` new tokens runs on: its power-of-two bucket."""
+        return min(_bucket(tokens, _MIN_SUFFIX if suffix else _MIN_PREFILL), self.max_len)
+
+    def _prefill(self, version: int, slots_n: np.ndarray, new: Rows, starts_n: np.ndarray, k: int,
+                 prefill_len: int, suffix: bool) -> None:
+        """`admit` of the N rows `new` into `slots_n`, padded to `k` rows: padding rows hold
+        one token and slot B, so they write nothing (`admit` drops them)."""
+        pad = k - len(slots_n)
+        self._state = admit(self._extend, self._params[version], self._state,
+                            np.pad(slots_n, (0, pad), constant_values=len(self._rows)),
+                            jax.tree.map(lambda x: _padded(x, k), new), np.pad(starts_n, (0, pad)),
+                            prefill_len, suffix)
+        self._prefill_shapes.add((k, prefill_len, suffix))
 
     def _decode(self) -> None:
         """Decodes one chunk: one masked call per weights version among active rows (normally one)."""
         steps, taken = np.int32(self.check_every - self._clock % self.check_every), 0
         for version in np.unique(self._version_b[self._version_b >= 0]):
-            self._state, n = decode(self._extend, self._params[version], self._state,
-                                    self._version_b == version, steps, self._stops_v, self.sampling,
-                                    self._greedy)
-            taken = max(taken, int(n))
+            taken = max(taken, self._decode_rows(version, self._version_b == version, steps))
         self._clock += taken  # never past the boundary, where every call stops
+
+    def _decode_rows(self, version: int, rows_b: np.ndarray, steps: np.int32) -> int:
+        """`decode` of the rows `rows_b` with the weights of `version`; the steps it took."""
+        self._state, n = decode(self._extend, self._params[version], self._state, rows_b, steps, self._stops_v,
+                                self.sampling, self._greedy)
         self._decoded = True
+        return int(n)
+
+    def prefill_shapes(self, in_flight: int | None = None) -> list[tuple[int, int, bool]]:
+        """Every prefill shape (K, P, suffix) this engine can run while at most `in_flight`
+        requests (default: `slots`) are in it at once: a prefill admits or retracts no more
+        rows than that, K its power-of-two bucket; P any bucket of a context (whole) or of
+        what a turn adds (suffix) in the window (module docstring)."""
+        rows = _bucket(min(in_flight or len(self._rows), len(self._rows)), 1)
+        ks = [1 << i for i in range(rows.bit_length())]
+        lengths = {suffix: sorted({self._prefill_len(n, suffix) for n in range(1, self.max_len + 1)})
+                   for suffix in (False, True)}
+        return [(k, p, suffix) for suffix, ps in lengths.items() for p in ps for k in ks]
+
+    def warm_up(self, in_flight: int | None = None) -> int:
+        """Compiles the decode and every prefill shape of `prefill_shapes(in_flight)` now, so
+        that none is compiled under a request: a compile takes ~0.5-5 s on a CPU, and the
+        first turns of the first episodes met a new shape each, their clock running
+        (`env.episode_timeout_s`). Runs padding rows only, with the latest weights (`load`
+        them first): no slot changes; `compiles` counts these shapes. Returns how many
+        shapes it ran (each compiled at most once per process: a second engine of the same
+        config and slots in the process runs them from JAX's cache)."""
+        if self._latest is None:
+            raise RuntimeError("warm_up runs the latest weights, but none were loaded (Engine.load)")
+        shapes = self.prefill_shapes(in_flight)
+        empty = Rows(tokens=np.zeros((0, self.max_len), np.int32), lengths=np.zeros(0, np.int32),
+                     first=np.zeros(0, np.int32), stop_at=np.zeros(0, np.int32), keys=np.zeros((0, 2), np.uint32))
+        for k, prefill_len, suffix in shapes:
+            self._prefill(self._latest, np.zeros(0, np.int32), empty, np.zeros(0, np.int32), k, prefill_len, suffix)
+        self._decode_rows(self._latest, np.zeros(len(self._rows), bool), np.int32(self.check_every))
+        jax.block_until_ready(self._state)
+        return len(shapes) + 1
 
     def _collect(self) -> list[Completion]:
         """Frees the slots of finished requests (warm, for those with a prefix key) and returns them."""

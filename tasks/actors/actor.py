@@ -30,7 +30,7 @@ from distributed import Client, Event, Queue, get_client
 from learner.config import ModelConfig
 from tasks.actors.env_calls import EnvCalls, EnvThreads
 from tasks.actors.envs import resolve_entrypoint
-from tasks.actors.generation import GenerationService, make_engine
+from tasks.actors.generation import GenerationService, make_engine, use_compile_cache
 from tasks.actors.rollout import GroupRunner
 from tasks.actors.weights import WeightFollower
 from tasks.buffer.channels import Channels
@@ -77,6 +77,7 @@ def process_generation(setup: ActorSetup, client: Client):
     session = setup.channels.session
     with _SHARED_LOCK:
         if session not in _SHARED:
+            use_compile_cache()
             service = GenerationService(make_engine(setup.model, setup.actors)).start()
             follower = WeightFollower(setup.channels, client, service.load).start()
             _SHARED[session] = [service, follower, 0]
@@ -120,7 +121,8 @@ class _Actor:
         self.calls = EnvCalls(EnvThreads(min(MAX_ENV_THREADS, episodes)))
         self.io = concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix=f"actor-{actor_id}-io")
         self.runner = GroupRunner.build(service, setup.env, setup.actors, setup.model, setup.seed, self.calls)
-        self.stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "queue_put_s": 0.0, "retired_envs": 0}
+        self.stats = {"actor": actor_id, "groups": 0, "rollout_s": 0.0, "queue_put_s": 0.0, "retired_envs": 0,
+                      "compile_s": 0.0}
 
     async def run(self) -> dict:
         # The threads of async environments' own blocking work (`run_in_executor(None)`, as
@@ -132,6 +134,9 @@ class _Actor:
         try:
             await self._io(self.writer.hello)
             await self._io(self.follower.wait_first)
+            # Every engine shape compiled before the first prompt is read: an episode's clock
+            # (`env.episode_timeout_s`) starts with its group and must not pay for compiles.
+            self.stats["compile_s"] = await self._io(self.service.warm_up, episodes)
             flusher = asyncio.create_task(self._flush_every(FLUSH_S))
             while (message := await self._io(self.prompts.get)) is not None:
                 if await self._io(self.stop.is_set):

@@ -7,6 +7,7 @@ stopping, instead of hanging it.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Mapping
 
 from distributed import Client
@@ -15,12 +16,18 @@ from tasks.actors.actor import ActorSetup, run_actor
 from tasks.actors.cluster import workers_with
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, stop_actors
 
+logger = logging.getLogger(__name__)
+
 
 class ActorPool:
     def __init__(self, client: Client, setup: ActorSetup, n_actors: int, log: Callable[[str], None],
-                 warn: Callable[[str], None] | None = None, resources: Mapping[str, float] | None = None):
+                 warn: Callable[[str], None] | None = None, resources: Mapping[str, float] | None = None,
+                 detail: Callable[[str], None] = logger.debug):
+        """`log`, `warn`: what a user reads (the learner task's log, the terminal); `detail`:
+        the actors' own timings when they stop, for whoever debugs them (DEBUG by default:
+        the terminal shows what is not routine, README "The two commands")."""
         self.client, self.setup, self.n_actors, self.log = client, setup, n_actors, log
-        self.warn = warn or log
+        self.warn, self.detail = warn or log, detail
         self.resources = dict(resources or {})  # Dask worker resources each actor holds (`actors.resources`)
         self.futures: list = []
 
@@ -82,8 +89,13 @@ class ActorPool:
             try:
                 stats = future.result(timeout=SCHEDULER_TIMEOUT_S)
             except Exception as e:  # its worker died since: its timings are lost, nothing else
-                self.log(f"actor {future.key}: no timings ({type(e).__name__}: {e})")
+                self.detail(f"actor {future.key}: no timings ({type(e).__name__}: {e})")
                 continue
-            self.log(f"actor {stats['actor']}: {stats['groups']} groups, rollout "
-                     f"{stats['rollout_s']:.1f}s, buffer put {stats['queue_put_s']:.1f}s, "
-                     f"engine compiles {stats['compiles']}, prefills {stats['prefix']}")
+            self.detail(timings_line(stats))
+
+
+def timings_line(stats: dict) -> str:
+    """An actor's timings (`run_actor`'s result) in one line."""
+    return (f"actor {stats['actor']}: {stats['groups']} groups, rollout {stats['rollout_s']:.1f}s, "
+            f"buffer put {stats['queue_put_s']:.1f}s, engine compiled in {stats.get('compile_s', 0.0):.1f}s "
+            f"before its first prompt, engine compiles {stats['compiles']}, prefills {stats['prefix']}")

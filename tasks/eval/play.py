@@ -2,6 +2,10 @@
 version, through the actors' own code path (`tasks.actors.rollout.GroupRunner` over a
 continuous-batching engine of `eval.slots` slots), greedy or sampled.
 
+The engine compiles its shapes before the first episode starts (`Engine.warm_up`), so
+`eval_s` includes them; beside an actor of the same slots (`eval.slots` null) in its
+process, they are compiled already and take milliseconds.
+
 Greedy decoding draws the likeliest token whatever the key, so the eval of fixed weights
 is deterministic; sampled decoding is too, for a given `eval.seed` (each action's key
 depends only on where it is played).
@@ -20,7 +24,7 @@ from learner.sampling import SamplingParams
 from learner.serialization import params_from_bytes
 from learner.trajectory import Group
 from tasks.actors.envs import resolve_entrypoint
-from tasks.actors.generation import GenerationService, actor_sampling
+from tasks.actors.generation import GenerationService, actor_sampling, use_compile_cache
 from tasks.actors.rollout import GroupRunner
 from tasks.config import ActorsConfig, EnvConfig, EvalConfig
 from tasks.eval.scores import score
@@ -52,12 +56,16 @@ def play_eval(setup: EvalSetup, params_bytes: bytes, version: int) -> dict:
     """Plays every eval prompt `eval.k` times with `params_bytes` (safetensors, as published);
     returns {"scores": ..., "episodes": [one record per episode]}."""
     start = time.perf_counter()
+    use_compile_cache()
     tokenizer = make_tokenizer(setup.model)
     engine = Engine(setup.model, slots=setup.eval.slots or setup.actors.slots, sampling=setup.sampling,
                     stop_ids=tokenizer.stop_ids, check_every=setup.actors.sync_check_tokens, greedy=setup.greedy)
     service = GenerationService(engine).start()
     service.load(version, params_from_bytes(params_bytes))
     try:
+        # Compiled before any episode's clock starts (`env.episode_timeout_s`): the first
+        # evaluation in a process met a new shape at every turn, and timed out.
+        service.warm_up(len(setup.prompts) * setup.eval.k)
         runner = GroupRunner.build(service, setup.env, setup.actors, setup.model, seed=setup.eval.seed)
         groups = asyncio.run(_play_all(runner, setup))
     finally:

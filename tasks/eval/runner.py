@@ -1,7 +1,7 @@
 """The evaluations of a training run, beside its learner task: each version the learner
 hands over becomes an `eval-v{N}` task run in a thread of its own (Prefect's context
 copied into it), so neither the learner nor the task relaying its events waits for one.
-The relay collects those that finished, for the `model-versions` table.
+The relay collects those that finished, for the run's versions table (`tasks.records.versions`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """What Prefect records of a run: each version as an asset with lineage, and tables of them;
 the learner's progress; the summary at the end, with its plots.
 
-Asset keys are the checkpoint's own location, so the UI's lineage reads
-spec -> v1 -> v2 -> ... and each node says where its weights are.
+Asset keys are the checkpoint's own location, so the lineage reads spec -> v1 -> v2 -> ...
+and each node says where its weights are (Prefect Cloud's assets page draws it). The
+open-source UI has no assets page: there each run has its own `<run>-versions` table
+and `<run>-lineage` diagram (Markdown with Mermaid), keyed by the run's name (`run_key`),
+so that an artifact key's page shows that run's and no other's.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 import time
 from pathlib import Path
 from typing import Mapping
@@ -18,7 +22,10 @@ from prefect.artifacts import (create_markdown_artifact, create_progress_artifac
 from prefect.assets import Asset, AssetProperties, materialize
 from prefect.cache_policies import NO_CACHE
 
-VERSIONS_ARTIFACT = "model-versions"
+from tasks.records.versions import lineage_markdown, readable_rows
+
+VERSIONS_ARTIFACT = "versions"  # a run's table: key `<run>-versions` (`run_key`)
+LINEAGE_ARTIFACT = "lineage"  # a run's diagram: key `<run>-lineage`
 SUMMARY_ARTIFACT = "run-summary"
 PROGRESS_ARTIFACT = "learner-progress"
 
@@ -27,10 +34,19 @@ def asset_key(path: Path) -> str:
     return path.resolve().as_uri()
 
 
+def run_key(run_name: str, flow_run_name: str | None = None) -> str:
+    """The start of a run's artifact keys: the spec's name, and the Prefect flow run's
+    (two runs of one spec differ in it), made an artifact key (lowercase letters, digits
+    and dashes: Prefect refuses anything else)."""
+    words = " ".join(filter(None, [run_name, flow_run_name])).lower()
+    return re.sub(r"[^a-z0-9]+", "-", words).strip("-") or "tandem"
+
+
 def record_version(*, run_name: str, spec_path: Path, checkpoint: Path, parent: Path | None,
-                   version: int, step: int, metrics: dict, rows: list[dict]) -> None:
+                   version: int, step: int, metrics: dict, rows: list[dict], key: str) -> None:
     """Materializes the version's asset (deps: the spec and the parent version) and
-    refreshes the `model-versions` table with `rows` (one per version so far)."""
+    refreshes the run's versions table and lineage (`key`: `run_key`) with `rows` (one per
+    version so far)."""
     asset = Asset(key=asset_key(checkpoint),
                   properties=AssetProperties(name=f"{run_name} v{version}",
                                              description=f"step {step}, version {version}"))
@@ -43,12 +59,16 @@ def record_version(*, run_name: str, spec_path: Path, checkpoint: Path, parent: 
                             "spec": str(spec_path), "parent": str(parent) if parent else None, **metrics})
 
     checkpoint_version()
-    record_versions_table(run_name=run_name, rows=rows)
+    record_versions_table(run_name=run_name, rows=rows, key=key)
 
 
-def record_versions_table(*, run_name: str, rows: list[dict]) -> None:
-    """The `model-versions` table: a row per version, its checkpoint and eval scores."""
-    create_table_artifact(key=VERSIONS_ARTIFACT, table=rows, description=f"Model versions of run {run_name}")
+def record_versions_table(*, run_name: str, rows: list[dict], key: str) -> None:
+    """The run's `<key>-versions` table (a row per version: its parent, step, checkpoint,
+    time and eval scores) and `<key>-lineage` diagram, of `rows` (`VersionTable.rows`)."""
+    table_key = f"{key}-{VERSIONS_ARTIFACT}"
+    create_table_artifact(key=table_key, table=readable_rows(rows), description=f"Model versions of run {run_name}")
+    create_markdown_artifact(key=f"{key}-{LINEAGE_ARTIFACT}", markdown=lineage_markdown(run_name, rows, table_key),
+                             description=f"Lineage of run {run_name}: spec, versions, eval scores")
 
 
 def record_summary(*, run_name: str, markdown: str, plots: Mapping[str, bytes] | None = None) -> None:

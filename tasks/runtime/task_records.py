@@ -1,5 +1,6 @@
-"""What the learner task records besides relaying the learner's events: the
-`model-versions` table, and the evaluations of versions (`tasks.eval`) run beside training."""
+"""What the learner task records besides relaying the learner's events: the run's
+versions table and lineage (`tasks.records.artifacts`), and the evaluations of versions
+(`tasks.eval`) run beside training."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tasks.eval.play import EvalSetup
 from tasks.eval.prompts import eval_prompts
 from tasks.eval.results import read_scores
 from tasks.eval.runner import Evaluations
-from tasks.records.artifacts import record_version, record_versions_table
+from tasks.records.artifacts import record_version, record_versions_table, run_key
 from tasks.records.versions import VersionTable
 
 
@@ -28,6 +29,7 @@ class TaskRecords:
         """`spec`: a `tasks.runtime.build.RunSpec`; `log` has .info and .warning."""
         run_dir = spec.run_dir.resolve()
         self.spec, self.log, self.checkpoints = spec, log, run_dir / "checkpoints"
+        self.artifact_key = run_key(spec.name, _flow_run_name())  # this run's artifacts, no other's
         self.table = VersionTable(read_scores(run_dir))
         self._scored, self._sent = False, time.monotonic()  # scores not yet in the table sent; when last sent
         self.evals = None
@@ -39,7 +41,7 @@ class TaskRecords:
 
     def version(self, payload: dict) -> None:
         self.table.add_rows(payload.pop("new_rows"))  # each event brings only the rows not sent before
-        record_version(**payload, rows=self.table.rows())
+        record_version(**payload, rows=self.table.rows(), key=self.artifact_key)
         self._scored, self._sent = False, time.monotonic()
 
     def evaluate(self, payload: dict) -> None:
@@ -63,7 +65,7 @@ class TaskRecords:
             self._send_table()
 
     def _send_table(self) -> None:
-        record_versions_table(run_name=self.spec.name, rows=self.table.rows())
+        record_versions_table(run_name=self.spec.name, rows=self.table.rows(), key=self.artifact_key)
         self._scored, self._sent = False, time.monotonic()
 
     def close(self) -> None:
@@ -73,4 +75,11 @@ class TaskRecords:
             try:
                 self._send_table()
             except Exception as e:  # closing after a failure: that failure is the one to raise
-                self.log.warning(f"the model-versions table's latest scores were not sent: {type(e).__name__}: {e}")
+                self.log.warning(f"the versions table's latest scores were not sent: {type(e).__name__}: {e}")
+
+
+def _flow_run_name() -> str | None:
+    """The Prefect flow run this task runs in, None outside one (a test)."""
+    from prefect.runtime import flow_run
+
+    return flow_run.get_name()

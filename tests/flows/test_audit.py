@@ -106,6 +106,10 @@ def test_async_recommendation_opens_no_more_groups_than_the_actor_cores_can_play
     m = measurements(step=0.04, latency=0.5, publish=0.0001, rate=4.0)  # 4 groups/s of 2.05 s each
     r = recommend(m, spec, "async", workers=2)
     assert r.actors == -(-1.15 * 4.0 * 2 * 2.05 // 2)  # per worker: the cores' groups/s x a group's seconds
+    (starved,) = [w for w in r.why if w.startswith("the actors cannot feed the learner")]
+    assert starved == ("the actors cannot feed the learner (8.0 kept groups/s of the 556.0 it could take): more "
+                       "actor cores (actors.workers, on more machines: actors.cluster) would keep it busier; "
+                       "more groups at once on these cores would not")  # a whole sentence, not cut at "would"
 
 
 def test_each_recommendation_applies_to_a_spec_with_admission_on():

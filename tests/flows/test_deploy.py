@@ -103,8 +103,8 @@ def test_deployed_spec_runs_on_a_process_worker(process_worker, tmp_path):
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
     by_key = {a.key: a for a in artifacts}
-    assert {"model-versions", "run-summary"} <= set(by_key)
-    table = by_key["model-versions"].data
+    assert {f"guess-number-{flow_run.name}-versions", "run-summary"} <= set(by_key)
+    table = by_key[f"guess-number-{flow_run.name}-versions"].data
     (row,) = json.loads(table) if isinstance(table, str) else table
     assert (row["version"], row["step"]) == (1, 4)
     assert Path(row["checkpoint"]).is_dir()

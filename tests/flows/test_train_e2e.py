@@ -63,7 +63,7 @@ def test_run_trains_checkpoints_and_reports_to_prefect(prefect_api, tmp_path):
         task_names = {t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))}
         assert any(n.startswith("learner") for n in task_names)
         assert {"version-1", "version-2", "version-3"} <= task_names
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["model-versions"])))
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="-versions")))
         rows = [json.loads(a.data) if isinstance(a.data, str) else a.data for a in artifacts]
         assert any([r["version"] for r in table] == [1, 2, 3] and [r["step"] for r in table] == [4, 8, 12]
                    for table in rows)

@@ -1,5 +1,5 @@
 """The Prefect UI, in a real browser (Debian's headless chromium): a finished run's flow run
-page lists its artifacts, and the `model-versions` artifact shows the version table."""
+page lists its artifacts, and the run's `<run>-versions` artifact shows the version table."""
 
 import json
 import os
@@ -49,7 +49,7 @@ def ui_api(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def finished_run(ui_api, tmp_path_factory) -> tuple[object, object]:
-    """A tiny real training run reported to `ui_api`: its flow run and `model-versions` artifact."""
+    """A tiny real training run reported to `ui_api`: its flow run and `<run>-versions` artifact."""
     run_dir = tmp_path_factory.mktemp("ui-run")
     # Without the test session's 8 virtual devices (XLA_FLAGS), which make compiling slow.
     result = tandem("run", "specs/guess-number.yaml", *TINY, "--set", f"checkpoint.dir={run_dir}",
@@ -59,7 +59,7 @@ def finished_run(ui_api, tmp_path_factory) -> tuple[object, object]:
         (flow_run,) = client.read_flow_runs()
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
-    return flow_run, next(a for a in artifacts if a.key == "model-versions")
+    return flow_run, next(a for a in artifacts if a.key.endswith("-versions"))
 
 
 def browse(chromium: Path, url: str, profile: Path, *args: str) -> str:
@@ -81,7 +81,7 @@ def test_flow_run_page_lists_the_model_versions_artifact(chromium, ui_api, finis
     browse(chromium, page, tmp_path / "profile-shot", f"--screenshot={screenshot}")
 
     assert flow_run.name in dom and "tandem-train" in dom
-    assert "model-versions" in dom and "run-summary" in dom
+    assert f"guess-number-{flow_run.name}-versions" in dom and "run-summary" in dom
     assert screenshot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
@@ -91,7 +91,7 @@ def test_model_versions_artifact_shows_the_version_table(chromium, ui_api, finis
     page = f"{ui_url(ui_api)}/v2/artifacts/artifact/{artifact.id}"
 
     dom = browse(chromium, page, tmp_path / "profile-dom", "--dump-dom")
-    screenshot = tmp_path / "model-versions.png"
+    screenshot = tmp_path / "versions.png"
     browse(chromium, page, tmp_path / "profile-shot", f"--screenshot={screenshot}")
 
     assert row["checkpoint"] in dom  # the table's cells: where version 1's weights are

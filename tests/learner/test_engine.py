@@ -219,6 +219,32 @@ def test_compiles_stay_within_the_bound():
         engine.compiles["prefill"] + engine.compiles["suffix"], 1)
 
 
+def test_after_warm_up_the_first_requests_compile_nothing_and_draw_the_same(params):
+    """A warmed engine has compiled every shape its first episodes meet (whole contexts of
+    any length, the suffixes of later turns, the decode): their clock never pays a compile."""
+    config = CONFIG.model_copy(update={"max_len": 24})  # shapes no other test compiles
+    weights = init_params(config, seed=0)
+    cold = _engine(weights, slots=3, config=config)
+    engine = _engine(weights, slots=3, config=config)
+    assert engine.prefill_shapes(in_flight=2) == [(1, 16, False), (2, 16, False), (1, 24, False), (2, 24, False),
+                                                  (1, 2, True), (2, 2, True), (1, 4, True), (2, 4, True),
+                                                  (1, 8, True), (2, 8, True), (1, 16, True), (2, 16, True),
+                                                  (1, 24, True), (2, 24, True)]
+    assert engine.warm_up(in_flight=2) == 15
+    warmed = engine.compiles, admit._cache_size(), decode._cache_size()
+    assert warmed[0] == {"prefill": 4, "suffix": 10, "decode": 1} and engine.idle and engine.warm == 0
+    requests = [Request(np.arange(1, n + 1, dtype=np.int32) % 6 + 1, 3, jax.random.key(n)) for n in (2, 9, 20)]
+    for pair in (requests[:2], requests[2:]):  # first turns: 2 at once, then 1
+        for got, expected in zip(_run(engine, pair), _run(cold, pair)):
+            np.testing.assert_array_equal(got.tokens, expected.tokens)
+            np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=1e-5)
+    _play(engine, 4, 4, keyed=True, in_flight=2, new_tokens=(1, 4), observations=(0, 6))  # later turns: suffixes
+    assert engine.admitted["suffix"] >= 8
+    assert (engine.compiles, admit._cache_size(), decode._cache_size()) == warmed
+    with pytest.raises(RuntimeError, match="load"):
+        Engine(config, slots=3, sampling=SAMPLING, stop_ids=()).warm_up()
+
+
 def _play(engine: Engine, episodes: int, turns: int, *, keyed: bool, seed: int = 0, in_flight: int | None = None,
           new_tokens=(1, 3), observations=(1, 3)) -> dict[int, list[Completion]]:
     """Plays `episodes` multi-turn episodes, `in_flight` at once (default: all): a turn's request

@@ -96,6 +96,9 @@ class OneToken:
     class engine:
         compiles, admitted = {}, 0
 
+    def warm_up(self, in_flight: int) -> float:
+        return 0.0
+
     async def generate(self, request):
         return Completion(0, np.array([3], np.int32), np.array([-1.0], np.float32), np.array([0], np.int32), False)
 
@@ -106,13 +109,13 @@ class OneToken:
 class Running:
     """An actor playing in a thread of its own, fed by `prompts`, writing to `writer`."""
 
-    def __init__(self, actors: int, group_size: int, step_timeout_s: float):
+    def __init__(self, actors: int, group_size: int, step_timeout_s: float, prompts=None, service=None):
         env = EnvConfig(entrypoint="tests.support.fault_envs:OneSessionEach", max_turns=2,
                         episode_timeout_s=DEADLINE_S, step_timeout_s=step_timeout_s)
         setup = ActorSetup(Channels("test"), env, ActorsConfig(actors=actors, group_size=group_size),
                            BufferConfig(), MODEL, seed=0)
-        self.prompts, self.writer = Prompts(), Writer()
-        self.actor = _Actor(0, setup, self.prompts, Stop(), self.writer, OneToken(), Follower())
+        self.prompts, self.writer = prompts or Prompts(), Writer()
+        self.actor = _Actor(0, setup, self.prompts, Stop(), self.writer, service or OneToken(), Follower())
         self.stats: list[dict] = []
         self.thread = threading.Thread(target=lambda: self.stats.append(asyncio.run(self.actor.run())),
                                        daemon=True)
@@ -175,6 +178,28 @@ def test_hung_environment_calls_starve_neither_the_actor_nor_other_episodes(sess
     assert sum(g.aborted == "env step timeout after 0.1s" for g in groups) == 8
     assert sorted(g.prompt for g in groups if g.aborted is None) == [f"ok-{i}" for i in range(4)]
     running.stop()
+
+
+def test_the_actor_warms_its_engine_up_before_it_reads_a_prompt(sessions):
+    """An episode's clock (`env.episode_timeout_s`) starts with its group: the engine's
+    compiles come before the first prompt is read, for as many episodes as the actor plays."""
+    order = []
+
+    class Logged(Prompts):
+        def get(self):
+            order.append("prompt")
+            return super().get()
+
+    class Warming(OneToken):
+        def warm_up(self, in_flight: int) -> float:
+            order.append(f"warm_up({in_flight})")
+            return 1.5
+
+    running = Running(actors=3, group_size=2, step_timeout_s=1.0, prompts=Logged(), service=Warming())
+    running.prompts.put("ok")
+    running.sent(1)
+    assert order[:2] == ["warm_up(6)", "prompt"]
+    assert running.stop()["compile_s"] == 1.5
 
 
 def test_a_call_given_up_on_while_it_runs_frees_its_place():

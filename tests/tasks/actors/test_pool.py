@@ -62,3 +62,31 @@ def test_actors_with_resources_run_only_on_the_worker_that_has_them(monkeypatch)
         wait_until(lambda: len(running(client)) == 2)
         assert {key for key in client.processing()[gpu_worker]} == {f.key for f in pool.futures}
         client.cancel(pool.futures)
+
+
+class Finished:
+    """A finished actor future whose result is its timings."""
+
+    status, key = "finished", "actor-0-s"
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def result(self, timeout=None):
+        return self.stats
+
+
+def test_the_actors_timings_stay_out_of_the_users_log(caplog):
+    """Internal: the terminal showed an "actor 0: ... prefills {...}" line at the end of
+    every run (it shows the learner's INFO, README "The two commands"); at DEBUG instead."""
+    said = []
+    pool = ActorPool(None, SimpleNamespace(channels=Channels("t")), 1, log=said.append, warn=said.append)
+    pool.futures = [Finished({"actor": 0, "groups": 12, "rollout_s": 3.25, "queue_put_s": 0.5, "compile_s": 2.0,
+                              "compiles": {"prefill": 1, "suffix": 4, "decode": 1}, "prefix": {"full": 8}})]
+    with caplog.at_level("DEBUG", logger="tasks.actors.pool"):
+        pool._log_timings()
+    assert said == []
+    (record,) = caplog.records
+    assert record.levelname == "DEBUG" and record.getMessage() == (
+        "actor 0: 12 groups, rollout 3.2s, buffer put 0.5s, engine compiled in 2.0s before its first prompt, "
+        "engine compiles {'prefill': 1, 'suffix': 4, 'decode': 1}, prefills {'full': 8}")

@@ -10,6 +10,8 @@ from flows.spec import parse_spec
 from learner.model import init_params
 from learner.serialization import params_to_bytes
 from tasks.actors.envs import resolve_entrypoint
+from tasks.actors.generation import GenerationService
+from tasks.eval import play as play_module
 from tasks.eval.play import EvalSetup, play_eval
 from tasks.eval.prompts import eval_prompts
 
@@ -42,3 +44,25 @@ def test_sampled_eval_reports_pass_at_k():
     assert outcome["scores"]["episodes"] == 8 == len(outcome["episodes"])
     assert 0.0 <= outcome["scores"]["pass_at_4"] <= 1.0
     assert outcome["scores"]["pass_at_4"] >= outcome["scores"]["success_rate"]
+
+
+def test_an_eval_compiles_before_its_first_episode_and_nothing_after(monkeypatch):
+    """The first eval in a process compiled a new shape at every turn, its episodes' clock
+    running (11 of 12 timed out): its engine is warmed up first, for all its episodes at once."""
+    seen = {}
+
+    class Recording(GenerationService):
+        def warm_up(self, in_flight: int) -> float:
+            seconds = super().warm_up(in_flight)
+            seen["in_flight"], seen["warmed"] = in_flight, dict(self.engine.compiles)
+            return seconds
+
+        def stop(self, timeout_s: float = 10.0) -> bool:
+            seen["played"] = dict(self.engine.compiles)
+            return super().stop(timeout_s)
+
+    monkeypatch.setattr(play_module, "GenerationService", Recording)
+    spec, setup = setup_of("eval.n=3", "eval.slots=8")
+    outcome = play_eval(setup, params_to_bytes(jax.device_get(init_params(spec.model, 3))), 7)
+    assert outcome["scores"]["aborted"] == 0 and seen["in_flight"] == 3
+    assert seen["warmed"] == seen["played"] == {"prefill": 3, "suffix": 12, "decode": 1}  # K 1, 2, 4
