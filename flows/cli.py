@@ -6,7 +6,9 @@ that does not validate, or that cannot run from here (an environment, filter or 
 class that does not import, a data file that does not read), found before anything
 starts; 3 the run ended by itself short of its target (a plateau, or no learning signal:
 checkpointed, resumable with other settings); 130 interrupted (Ctrl-C: the run stopped on
-a checkpoint, and `tandem resume RUN_DIR` continues it).
+a checkpoint, and `tandem resume RUN_DIR` continues it); 143 terminated (SIGTERM, as Slurm,
+Kubernetes and `timeout` send it: stopped as by a Ctrl-C). A SIGKILL leaves no process of
+the run behind for long (`tasks.runtime.task`); `tandem resume RUN_DIR` continues it too.
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ from flows.spec import Spec, SpecError, SpecIssue, load_spec
 
 BAD_SPEC = 2
 SHORT_OF_TARGET = 3  # a plateau or no learning signal (`tasks.runtime.stopping`)
-INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 _verbose = False  # `--verbose`: the terminal shows Prefect's and Dask's INFO logs too
-_training = False  # once the flow runs, Ctrl-C stops the learner on a checkpoint (`_on_sigint`)
+_training = False  # once the flow runs, Ctrl-C or SIGTERM stops the learner on a checkpoint (`_on_signal`)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,27 +227,27 @@ def _locked(run_dir: Path) -> bool:
 
 
 def _run(spec: Spec) -> int:
-    """Trains `spec` through the flow, with a live display. A first Ctrl-C ends training
-    on its next version (checkpointed) and exits 130; a second stops it at once."""
+    """Trains `spec` through the flow, with a live display. A first Ctrl-C, or SIGTERM, ends
+    training on its next version (checkpointed) and exits 130 (143); a second Ctrl-C stops
+    it at once (`tasks.runtime.interrupt`)."""
     global _training
     from rich.console import Console
 
-    from tasks.runtime.interrupt import INTERRUPT
+    from tasks.runtime.interrupt import INTERRUPT, handling, signal_name
 
     console, started = Console(highlight=False, soft_wrap=True), time.monotonic()
     if not console.is_terminal:  # a pipe, a CI log: long lines rather than wrapped ones
         console.width = 200
-    previous = signal.signal(signal.SIGINT, _on_sigint)
     try:
-        state, last = _train(spec, console)
-    except KeyboardInterrupt:  # before the flow started: nothing to stop
-        console.print("Interrupted before training started.")
-        return INTERRUPTED
+        with handling(_on_signal):
+            state, last = _train(spec, console)
+    except _Signalled as e:  # before the flow started: nothing to stop
+        console.print(f"Interrupted ({signal_name(e.signum)}) before training started.")
+        return 128 + e.signum
     except RuntimeError as e:  # the local Prefect server did not start
         print(e, file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGINT, previous)
         _training = False
     try:
         return _outcome(console, spec, state, last, time.monotonic() - started)
@@ -254,12 +255,20 @@ def _run(spec: Spec) -> int:
         INTERRUPT.clear()
 
 
-def _on_sigint(signum, frame) -> None:
+class _Signalled(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM before the flow started, which leaves at once."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum, frame) -> None:
     from tasks.runtime.interrupt import INTERRUPT
 
     if not _training:
-        raise KeyboardInterrupt
-    INTERRUPT.request()
+        raise _Signalled(signum)
+    INTERRUPT.request(signum)
 
 
 def _train(spec: Spec, console):
@@ -290,21 +299,15 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
     """Says how the run ended and what to do next; the exit code."""
     from tasks.runtime.interrupt import INTERRUPT
 
-    run_dir = shown(spec.run_dir)
-    if INTERRUPT.is_set():
-        version = latest_version(spec.run_dir)
-        step = version * spec.sync.interval if version is not None else 0
-        where = f"its checkpoint of version {version} (step {step})" if version is not None else "the start"
-        again = f"; steps {step + 1}-{last.step} are trained again" if last and last.step > step else ""
-        console.print(f"Interrupted (Ctrl-C) after {_minutes(seconds)}; the run resumes from {where}{again}.")
-        console.print(f"Resume with: {tandem_command()} resume {run_dir}")
-        return INTERRUPTED
+    if INTERRUPT.is_set() or state.is_cancelled():  # Cancelled alone: the learner process had a SIGTERM
+        return _interrupted(console, spec, last, seconds, INTERRUPT.signum or signal.SIGTERM)
     if not state.is_completed():
         print(f"run failed: {state.message}", file=sys.stderr)
         return 1
     from flows.train import ended
 
     result = state.result()
+    run_dir = shown(spec.run_dir)
     console.print(f"{ended(result)} after {_minutes(seconds)}. Run directory: {run_dir}")
     from tasks.eval.results import best_version, read_scores
 
@@ -315,6 +318,21 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
     from tasks.runtime.stopping import StopReason
 
     return 0 if StopReason(result["stopped"]).reached_target else SHORT_OF_TARGET
+
+
+def _interrupted(console, spec: Spec, last, seconds: float, signum: int) -> int:
+    """Says where an interrupted run stopped and how to resume it; 128 + `signum`, as a
+    shell reports a process that `signum` ended (130 for Ctrl-C, 143 for SIGTERM)."""
+    from tasks.runtime.interrupt import signal_name
+
+    version = latest_version(spec.run_dir)
+    step = version * spec.sync.interval if version is not None else 0
+    where = f"its checkpoint of version {version} (step {step})" if version is not None else "the start"
+    again = f"; steps {step + 1}-{last.step} are trained again" if last and last.step > step else ""
+    console.print(f"Interrupted ({signal_name(signum)}) after {_minutes(seconds)}; "
+                  f"the run resumes from {where}{again}.")
+    console.print(f"Resume with: {tandem_command()} resume {shown(spec.run_dir)}")
+    return 128 + signum
 
 
 def latest_version(run_dir: Path) -> int | None:

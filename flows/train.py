@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -13,10 +14,9 @@ from flows.evaluate import eval_summary
 from flows.report import publish_report
 from flows.spec import Spec
 from tasks.actors.cluster import actor_cluster
-from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
+from tasks.runtime.interrupt import INTERRUPT, blocking, reclaim_sigterm
 from tasks.runtime.stopping import StopReason
 from tasks.runtime.task import learn
-
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -35,14 +35,18 @@ def prepare_run_dir(spec: Spec) -> Path:
 def train(spec: Spec):
     """Trains the spec's agent: actors on Dask stream groups to the learner task. Returns
     where training ended (`step`, `version`, `stopped`, `accounting`); a Cancelled state
-    (with that result) if Ctrl-C stopped it."""
+    (with that result) if Ctrl-C or SIGTERM stopped it (`tasks.runtime.interrupt`)."""
+    reclaim_sigterm()  # from Prefect's engine, under `tandem run`: SIGTERM stops as Ctrl-C does
     run_dir = prepare_run_dir(spec)
     with contextlib.ExitStack() as stack:
-        with ignoring_sigint():  # the actors play on through a Ctrl-C (tasks.runtime.interrupt)
+        with blocking(signal.SIGINT):  # the actors play on through a Ctrl-C (tasks.runtime.interrupt)
             address = stack.enter_context(actor_cluster(spec.actors))
-        # A Ctrl-C while the cluster started: nothing trained, nothing to stop.
-        result = {"stopped": "at once"} if INTERRUPT.is_set() else learn(spec, address)
-    if INTERRUPT.is_set():  # out quickly: `tandem report` plots the run when asked
+        # Stopped while the cluster started: nothing trained, nothing to stop.
+        result = ({"stopped": "at once", "message": "before training started"} if INTERRUPT.is_set()
+                  else learn(spec, address))
+    # A learner process sent SIGTERM of its own (a Slurm job step signals every process) stops as interrupted.
+    if INTERRUPT.is_set() or result["stopped"] == StopReason.INTERRUPTED.value:
+        # Out quickly: `tandem report` plots the run when asked.
         return Cancelled(message=f"{ended(result)}; `tandem resume {run_dir}` continues it", data=result)
     publish_report(run_dir, run_name=spec.name, markdown=_summary(spec, run_dir, result))
     return result
@@ -51,7 +55,7 @@ def train(spec: Spec):
 def ended(result: dict) -> str:
     """Where and why training ended, in one line: "Stopped on a plateau at step 310, version 310 (...)"."""
     if "step" not in result:
-        return "Stopped at once (Ctrl-C twice)"
+        return f"Stopped at once ({result.get('message', 'Ctrl-C twice')})"
     reason = StopReason(result["stopped"])
     told = result.get("message") and reason not in (StopReason.STEPS, StopReason.INTERRUPTED)
     why = f" ({result['message']})" if told else ""

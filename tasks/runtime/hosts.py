@@ -5,14 +5,22 @@ Process 0 runs the session and reports to the task; the others follow it
 (`tasks.runtime.lockstep`). They stand or fall together: once one has died the others
 wait in a collective that never completes, so they are killed, the attempt fails, and
 Prefect's retry starts all of them again from the latest checkpoint.
+
+The task stops them at once with AT_ONCE, not SIGTERM: a Slurm job step sends SIGTERM to
+every process of the step, and that one asks the leader for its next version, as a first
+Ctrl-C does (`tasks.runtime.interrupt`).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 from multiprocessing.process import BaseProcess
 
 from learner.multihost import COORDINATOR_ENV, PROCESS_ID_ENV
+
+AT_ONCE = signal.SIGUSR2  # the task's "stop at once" (a second Ctrl-C): the processes unwind and exit
 
 
 def coordinator_environ(hosts: int) -> list[dict[str, str]]:
@@ -43,9 +51,10 @@ class LearnerProcesses:
         return not self.leader.is_alive() or self._dead_follower() is not None
 
     def terminate(self) -> None:
+        """Stops them at once (AT_ONCE)."""
         for process in (self.leader, *self.followers):
             if process.is_alive():
-                process.terminate()
+                os.kill(process.pid, AT_ONCE)
 
     def stop(self, grace_s: float) -> None:
         """Gives the leader `grace_s` to end (none once a follower died: it cannot), then

@@ -9,11 +9,19 @@ With `learner.hosts` N it starts N processes, on this machine (`tasks.runtime.ho
 Dask workers with a `learner` resource (`tasks.runtime.learner_cluster`), as `learner.cluster`
 says: process 0 runs the session, the others follow it; one that dies fails the attempt, and
 the retry restarts all.
+
+Signals (`tasks.runtime.interrupt`): a stop asked of the task (Ctrl-C or SIGTERM to `tandem
+run`) ends the learner at its next version, or at once after a second Ctrl-C or before its
+first step (nothing to checkpoint yet). A local learner process takes a SIGTERM of its own
+(a Slurm job step signals every process) as the task's stop, and ends with the process that
+started it (`tandem run` killed with SIGKILL), so no learner outlives its run and holds its
+lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import multiprocessing
@@ -21,8 +29,11 @@ import os
 import pickle
 import signal
 import sys
+import threading
+import time
 import uuid
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from distributed import Client
 from prefect import get_run_logger, task
@@ -36,15 +47,18 @@ from tasks.records.loggers import PROGRESS_FEED, Progress
 from tasks.runtime import learner_cluster, lockstep
 from tasks.runtime.build import RunSpec, build_follower, build_session
 from tasks.runtime.failures import Unrecoverable
-from tasks.runtime.hosts import LearnerProcesses, coordinator_environ
-from tasks.runtime.interrupt import INTERRUPT, ignoring_sigint
+from tasks.runtime.hosts import AT_ONCE, LearnerProcesses, coordinator_environ
+from tasks.runtime.interrupt import INTERRUPT, blocking
 from tasks.runtime.relay import EventReader, LogForwarder
 from tasks.runtime.stopping import StopReason
 from tasks.runtime.task_records import TaskRecords
 
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
 LOCK_FILE = "learner.lock"  # held (flock) by that process
-STOPPED_AT_ONCE = {"stopped": "at once"}  # the result of a learner terminated by a second Ctrl-C
+STOPPED_AT_ONCE = {"stopped": "at once"}  # the result of a learner terminated (`_pass_on`)
+AT_ONCE_S = 5.0  # a learner told to stop at once and still running after this (in a compile, say) is killed
+EARLY_S = 1.0  # the same, told before its first step: it has nothing to write, and the run's start-up waits
+ORPHAN_S = 3.0  # a local learner whose parent has gone and still running after this exits at once
 
 
 def permanent(error: BaseException) -> bool:
@@ -69,7 +83,9 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
     channels = Channels(uuid.uuid4().hex[:8])
     with _placed(spec, scheduler_address, channels) as (processes, events, stop):
         records = TaskRecords(spec, scheduler_address, log)
-        with ignoring_sigint():  # Ctrl-C is for this process to pass on (`_relay`)
+        # Ctrl-C and SIGTERM are for this process to pass on (`_relay`); a SIGTERM sent to
+        # a learner process while it starts waits for its handler (`_take_signals`).
+        with blocking(signal.SIGINT, signal.SIGTERM):
             processes.start()
         events.started()
         result, grace_s = None, 30.0
@@ -79,11 +95,13 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
             grace_s = 5.0  # failed, or given up on (a Prefect API error, say): a learner left running trains unrecorded
             raise
         finally:
-            processes.stop(grace_s)
+            at_once = result is not None and result["stopped"] == STOPPED_AT_ONCE["stopped"]
+            processes.stop(0.0 if at_once else grace_s)  # at once: given its seconds already (`_relay`)
+            _clear_pid_files(spec, processes)
             events.close()
             records.close()
-            if result is None or result == STOPPED_AT_ONCE:  # its session may not have stopped its actors
-                _stop_actors(scheduler_address, channels, spec.actors.n_actors, log)
+            if result is None or at_once:  # its session may not have stopped its actors
+                _stop_actors(scheduler_address, channels, spec, log, asked=at_once)
         if result is None:
             raise RuntimeError(processes.death())
         return result
@@ -100,8 +118,11 @@ def _placed(spec: RunSpec, scheduler_address: str, channels: Channels) -> Iterat
         workers = learner_cluster.learner_workers(client, spec.learner.hosts)
         environs = learner_cluster.cluster_environ(client, workers)
         # Pickled here: the Dask task passes them on to the learner process it starts, unread.
-        mains = [pickle.dumps(functools.partial(_learner_main, spec, scheduler_address, channels, environs[0]))]
-        mains += [pickle.dumps(functools.partial(_follower_main, spec, environ)) for environ in environs[1:]]
+        # Their Dask tasks stop them at once with SIGTERM (`tasks.runtime.learner_host`).
+        mains = [pickle.dumps(functools.partial(_learner_main, spec, scheduler_address, channels, environs[0],
+                                                at_once=signal.SIGTERM))]
+        mains += [pickle.dumps(functools.partial(_follower_main, spec, environ, at_once=signal.SIGTERM))
+                  for environ in environs[1:]]
         processes = learner_cluster.ClusterProcesses(client, workers, mains, channels.session)
         yield processes, processes.events, processes.stop_flag
 
@@ -120,33 +141,46 @@ def _local_processes(spec: RunSpec, scheduler_address: str,
     return processes, events, stop
 
 
-def _stop_actors(scheduler_address: str, channels: Channels, n_actors: int, log) -> None:
-    """Stops the actors of a learner session that did not end cleanly. Never raises: it
-    runs while the task fails, and must not hide why."""
-    log.warning(f"stopping the actors of learner session {channels.session}")
+def _clear_pid_files(spec: RunSpec, processes) -> None:
+    """Removes the pid files of local learner processes that were killed (one that exits
+    removes its own): a pid file names a running learner."""
+    if not isinstance(processes, LearnerProcesses):
+        return
+    run_dir = spec.run_dir.resolve()
+    for i, process in enumerate((processes.leader, *processes.followers)):
+        pid_file = run_dir / (PID_FILE if i == 0 else f"learner.{i}.pid")
+        with contextlib.suppress(OSError):
+            if process.exitcode is not None and pid_file.read_text() == str(process.pid):
+                pid_file.unlink()
+
+
+def _stop_actors(scheduler_address: str, channels: Channels, spec: RunSpec, log, asked: bool) -> None:
+    """Stops the actors of a learner session that did not end cleanly (`asked`: stopped at
+    once, as asked). Never raises: it runs while the task fails, and must not hide why."""
+    (log.info if asked else log.warning)(f"stopping the actors of learner session {channels.session}")
+    # A run that stops closes its local cluster next, which ends the actors: no buffer to drain for them.
+    drain_s = 0.0 if INTERRUPT.is_set() and spec.actors.cluster == "local" else 5.0
     try:
         with Client(scheduler_address, timeout=SCHEDULER_TIMEOUT_S) as client:
-            stop_actors(client, channels, n_actors)
+            stop_actors(client, channels, spec.actors.n_actors, timeout_s=drain_s)
     except Exception as e:
         log.error(f"could not stop the actors of learner session {channels.session} ({type(e).__name__}: {e}); "
                   "they keep their worker threads until the Dask cluster restarts")
 
 
 def _relay(events, processes: LearnerProcesses, log, spec: RunSpec, stop, records: TaskRecords) -> dict | None:
-    """Forwards the process's events until it reports its result or dies; passes a Ctrl-C
-    on (`tasks.runtime.interrupt`): `stop` ends training at the next version, a second
-    Ctrl-C terminates the process, which unwinds (stops its actors) and exits."""
-    progress, terminated = None, False
+    """Forwards the process's events until it reports its result or dies, passing a stop on
+    (`_pass_on`); a learner stopped at once that is still running after its grace is given
+    up on, and killed."""
+    progress, terminated = None, None
     while True:
         records.collect()
-        if INTERRUPT.is_set():
-            stop.set()
-        if INTERRUPT.now and not terminated:
-            terminated = True
-            processes.terminate()
+        terminated = terminated or _pass_on(processes, stop, stepped=progress is not None)
+        if terminated is not None and terminated.overdue():
+            return terminated.result()
         if (event := events.get(timeout_s=0.2)) is None:
             if events.gone or processes.failed():  # gone: its end of the pipe closed, maybe mid-message
-                return dict(STOPPED_AT_ONCE) if terminated else None
+                return terminated.result() if terminated else None
             continue
         kind, payload = event
         if kind == "log":
@@ -172,9 +206,39 @@ def _relay(events, processes: LearnerProcesses, log, spec: RunSpec, stop, record
             return payload
         elif kind == "error":
             if terminated:
-                return dict(STOPPED_AT_ONCE)
+                return terminated.result()
             message, unrecoverable = payload
             raise (Unrecoverable if unrecoverable else RuntimeError)(f"learner failed: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Terminated:
+    """The learner's processes, told to stop at once (`_pass_on`): when, and why."""
+
+    at: float  # time.monotonic()
+    why: str
+    grace_s: float  # to unwind, before it is killed
+
+    def overdue(self) -> bool:
+        return time.monotonic() - self.at > self.grace_s
+
+    def result(self) -> dict:
+        return dict(STOPPED_AT_ONCE, message=self.why)
+
+
+def _pass_on(processes, stop, stepped: bool) -> _Terminated | None:
+    """Passes a stop asked of this process on (`tasks.runtime.interrupt`): `stop` ends
+    training at the next version; a second Ctrl-C, or any stop before the learner's first
+    step (not `stepped`: nothing to checkpoint yet, and its first compile may take long),
+    terminates its processes, which unwind (stop their actors) and exit."""
+    if INTERRUPT.is_set():
+        stop.set()
+    if INTERRUPT.now or (INTERRUPT.is_set() and not stepped):
+        processes.terminate()
+        if INTERRUPT.now:
+            return _Terminated(time.monotonic(), "Ctrl-C twice", AT_ONCE_S)
+        return _Terminated(time.monotonic(), "before the learner's first step", EARLY_S)
+    return None
 
 
 class _Events:
@@ -200,13 +264,12 @@ class _Events:
 
 
 def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, environ: dict[str, str],
-                  events, stop) -> None:
+                  events, stop, at_once: int = AT_ONCE) -> None:
     """Process 0 of the learner: runs the session; `environ` joins it to the other processes."""
-    # Terminated (a second Ctrl-C): unwind, so the session stops its actors and closes its
-    # checkpoints, and the pid file goes.
-    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     run_dir = spec.run_dir.resolve()
     pid_file = run_dir / PID_FILE
+    sigterm = _take_signals(at_once, leader=True)
+    _end_with_parent(at_once, pid_file)
     # One learner per run directory: a second one (a run started twice) would interleave
     # checkpoints and metrics. The kernel drops the lock when this process dies.
     lock = (run_dir / LOCK_FILE).open("w")
@@ -222,7 +285,8 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
         with Client(scheduler_address) as client:
             relay = _Events(events)
             LogForwarder(events).install()  # warnings of parts without a log (`tasks.background`)
-            session = build_session(spec, client, channels, log=relay, reporter=relay, interrupted=stop.is_set)
+            session = build_session(spec, client, channels, log=relay, reporter=relay,
+                                    interrupted=lambda: stop.is_set() or sigterm())
             result = session.run()
             if spec.learner.hosts > 1:
                 lockstep.announce(lockstep.STOP)
@@ -236,10 +300,11 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
         events.join_thread()
 
 
-def _follower_main(spec: RunSpec, environ: dict[str, str]) -> None:
+def _follower_main(spec: RunSpec, environ: dict[str, str], at_once: int = AT_ONCE) -> None:
     """Process i > 0 of a multi-host learner: takes the steps process 0 announces."""
-    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     pid_file = spec.run_dir.resolve() / f"learner.{environ[PROCESS_ID_ENV]}.pid"
+    _take_signals(at_once, leader=False)
+    _end_with_parent(at_once, pid_file)
     pid_file.write_text(str(os.getpid()))
     try:
         multihost.initialize(spec.learner.hosts, environ)
@@ -247,3 +312,43 @@ def _follower_main(spec: RunSpec, environ: dict[str, str]) -> None:
         lockstep.follow(learner, checkpoints, spec.learner.minibatches)
     finally:
         pid_file.unlink(missing_ok=True)
+
+
+def _take_signals(at_once: int, leader: bool) -> Callable[[], bool]:
+    """How a learner process takes signals; returns whether a SIGTERM asked it to stop.
+
+    `at_once`, its task's (`_pass_on`), unwinds it: the session stops its actors and closes
+    its checkpoints, and the pid file goes. A SIGTERM from anyone else (a Slurm job step
+    signals every process) asks the leader what a first Ctrl-C asks, its next version, and a
+    follower nothing: it follows the leader. (On a learner cluster SIGTERM is the task's
+    `at_once`: `tasks.runtime.learner_host`.) SIGINT stays blocked (`tasks.runtime.interrupt`).
+    """
+    signal.signal(at_once, lambda signum, _: sys.exit(128 + signum))
+    asked = threading.Event()
+    if at_once != signal.SIGTERM:
+        signal.signal(signal.SIGTERM, (lambda *_: asked.set()) if leader else signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one sent while it started: now
+    return asked.is_set
+
+
+def _end_with_parent(at_once: int, pid_file: Path) -> None:
+    """Ends this local learner process once the process that started it has gone (`tandem
+    run` killed with SIGKILL): the local cluster of its actors went with it (distributed's
+    processes watch their parent the same way), no task is left to report to, and its lock
+    would fail the next `tandem resume`. It unwinds as if stopped at once, with no one left
+    to read its output, and exits at once if that takes over ORPHAN_S."""
+    parent = multiprocessing.parent_process()
+    if parent is None:  # started by `tasks.runtime.learner_host`, which ends it with its worker
+        return
+
+    def watch() -> None:
+        parent.join()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
+        os.kill(os.getpid(), at_once)
+        time.sleep(ORPHAN_S)
+        pid_file.unlink(missing_ok=True)
+        os._exit(128 + at_once)
+
+    threading.Thread(target=watch, name="tandem-parent-watch", daemon=True).start()

@@ -108,7 +108,7 @@ def test_the_task_keeps_the_versions_table(monkeypatch):
 
     events = ScriptedEvents([("version", {"version": 3, "new_rows": [row(1), row(2), row(3)]}),
                              ("version", {"version": 4, "new_rows": [row(4)]}),
-                             ("done", {"step": 16, "version": 4, "stopped": "steps"})])
+                             ("done", {"step": 16, "version": 4, "stopped": "steps", "message": "reached learner.steps (16)"})])
     result = task_module._relay(events, SimpleNamespace(failed=lambda: False), Log(), SPEC, multiprocessing.Event(),
                                 records())
     assert result["step"] == 16
