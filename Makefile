@@ -18,8 +18,8 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -qq -e '.[test]'
 	touch $@
 
-# A Ctrl-C interrupts make with tandem, and make ends as interrupted: the shell's $? is
-# tandem's 130. Where tandem alone is signalled, make says "Error 143" and exits 2.
+# A Ctrl-C interrupts make with tandem ("Error 130"), and make ends as interrupted: the
+# shell's $? is 130. Where tandem alone is signalled, make says "Error 143" and exits 2.
 demo: setup
 	$(VENV)/bin/tandem run specs/guess-number.yaml --fresh
 

@@ -27,7 +27,9 @@ from flows.spec import Spec, SpecError, SpecIssue, load_spec
 BAD_SPEC = 2
 SHORT_OF_TARGET = 3  # a plateau or no learning signal (`tasks.runtime.stopping`)
 _verbose = False  # `--verbose`: the terminal shows Prefect's and Dask's INFO logs too
-_training = False  # once the flow runs, Ctrl-C or SIGTERM stops the learner on a checkpoint (`_on_signal`)
+# Where `tandem run` is, for its signal handler (`_on_signal`): "server" (waiting for a Prefect
+# server), "starting" (importing, say), "training" (Ctrl-C or SIGTERM stops the learner on a checkpoint).
+_stage = "starting"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,10 +232,20 @@ def _run(spec: Spec) -> int:
     """Trains `spec` through the flow, with a live display. A first Ctrl-C, or SIGTERM, ends
     training on its next version (checkpointed) and exits 130 (143); a second Ctrl-C stops
     it at once (`tasks.runtime.interrupt`)."""
-    global _training
+    from tasks.runtime.interrupt import INTERRUPT
+
+    try:
+        return _run_and_say(spec)
+    finally:
+        INTERRUPT.clear()
+
+
+def _run_and_say(spec: Spec) -> int:
+    """`_run`, which clears the stop requests after it."""
+    global _stage
     from rich.console import Console
 
-    from tasks.runtime.interrupt import INTERRUPT, handling, signal_name
+    from tasks.runtime.interrupt import handling, signal_name
 
     console, started = Console(highlight=False, soft_wrap=True), time.monotonic()
     if not console.is_terminal:  # a pipe, a CI log: long lines rather than wrapped ones
@@ -248,11 +260,8 @@ def _run(spec: Spec) -> int:
         print(e, file=sys.stderr)
         return 1
     finally:
-        _training = False
-    try:
-        return _outcome(console, spec, state, last, time.monotonic() - started)
-    finally:
-        INTERRUPT.clear()
+        _stage = "starting"
+    return _outcome(console, spec, state, last, time.monotonic() - started)
 
 
 class _Signalled(KeyboardInterrupt):
@@ -264,26 +273,35 @@ class _Signalled(KeyboardInterrupt):
 
 
 def _on_signal(signum, frame) -> None:
+    """Counts a stop (`INTERRUPT`), which the flow acts on; leaves at once while a Prefect
+    server starts. Elsewhere before the flow `_train` looks, once it can: Python runs a
+    handler between any two bytecodes, where the exception can abort the interpreter (in a
+    C extension's import: JAX's) or be printed and dropped (in a garbage collector's callback)."""
     from tasks.runtime.interrupt import INTERRUPT
 
-    if not _training:
-        raise _Signalled(signum)
     INTERRUPT.request(signum)
+    if _stage == "server":
+        raise _Signalled(signum)
 
 
 def _train(spec: Spec, console):
     """Runs the flow, reporting to the configured Prefect API or a local server; its state,
     and the last step the live display showed (a `Progress`, None if none)."""
-    global _training
-    from flows.server import ensure_api, ui_url
+    global _stage
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    api_url, origin = ensure_api()
+    from flows.server import ensure_api, ui_url
+    from tasks.runtime.interrupt import INTERRUPT
+
+    _stage = "server"
+    try:
+        api_url, origin = ensure_api()
+    finally:
+        _stage = "starting"
     stop = f"{tandem_command()} server stop"
     note = {"started": f" (a local server, started now; it keeps running after the run: `{stop}` stops it)",
             "running": f" (the local server, already running; `{stop}` stops it)"}.get(origin, "")
     console.print(f"Prefect UI: {ui_url(api_url)}{note}")
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from flows.console import LiveDisplay, terminal_logging
     from flows.train import train
     from tasks.records.loggers import PROGRESS_FEED
@@ -291,7 +309,9 @@ def _train(spec: Spec, console):
     with (temporary_settings(updates={PREFECT_API_URL: api_url}), terminal_logging(console, _verbose),
           LiveDisplay(console, spec.learner.steps, spec.learner.stop_at_success) as display,
           PROGRESS_FEED.subscribed(display.update)):
-        _training = True
+        _stage = "training"
+        if INTERRUPT.is_set():  # a signal before the flow (`_on_signal`)
+            raise _Signalled(INTERRUPT.signum)
         return train(spec, return_state=True), display.last
 
 

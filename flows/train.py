@@ -39,7 +39,8 @@ def train(spec: Spec):
     reclaim_sigterm()  # from Prefect's engine, under `tandem run`: SIGTERM stops as Ctrl-C does
     run_dir = prepare_run_dir(spec)
     with contextlib.ExitStack() as stack:
-        with blocking(signal.SIGINT):  # the actors play on through a Ctrl-C (tasks.runtime.interrupt)
+        # The actors play on through a Ctrl-C or a SIGTERM, till the learner stops them (tasks.runtime.interrupt).
+        with blocking(signal.SIGINT, signal.SIGTERM):
             address = stack.enter_context(actor_cluster(spec.actors))
         # Stopped while the cluster started: nothing trained, nothing to stop.
         result = ({"stopped": "at once", "message": "before training started"} if INTERRUPT.is_set()

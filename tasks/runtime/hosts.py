@@ -20,7 +20,9 @@ from multiprocessing.process import BaseProcess
 
 from learner.multihost import COORDINATOR_ENV, PROCESS_ID_ENV
 
-AT_ONCE = signal.SIGUSR2  # the task's "stop at once" (a second Ctrl-C): the processes unwind and exit
+# The task's "stop at once" (a second Ctrl-C): the processes unwind and exit; one still
+# starting, its handler not yet set, is ended by the signal's default action.
+AT_ONCE = signal.SIGUSR2
 
 
 def coordinator_environ(hosts: int) -> list[dict[str, str]]:

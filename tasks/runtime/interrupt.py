@@ -6,16 +6,18 @@ is nothing to checkpoint, so a stop then is at once (`tasks.runtime.task`).
 
 SIGTERM (what Slurm, Kubernetes and `timeout` send) asks what a first Ctrl-C asks, however
 often it comes: what ends a run sooner is SIGKILL, which no process of the run outlives by
-more than a few seconds (README, "Faults"). Where every process of a job gets the SIGTERM
-(a Slurm job step), the learner process takes it as a first Ctrl-C too (`tasks.runtime.task`).
+more than a few seconds (README, "Faults").
 
 A terminal sends SIGINT to every process of its foreground group: the CLI, the learner
-process and the local cluster's workers. Only the CLI acts on it. The processes it starts
-have SIGINT blocked: a thread passes its signal mask on to the threads and processes it
-starts, and exec keeps it, so they never see a Ctrl-C, and the actors play on while the
-learner finishes its version. The CLI blocks it only while it starts them (`blocking`): a
-Ctrl-C meanwhile waits, or another of its threads takes it and its handler runs in the main
-thread; none is lost, as one was while the CLI ignored SIGINT for its cluster's start.
+process and the local cluster's workers; a Slurm job step sends SIGTERM to every process
+of the step. Only the CLI acts on SIGINT, and the learner process on SIGTERM as the CLI
+does (`tasks.runtime.task`). The processes the CLI starts have both blocked: a thread
+passes its signal mask on to the threads and processes it starts, and exec keeps it. So
+the actors play on while the learner finishes its version, and stop when it stops them
+(Dask's nanny ends a worker with SIGKILL, never SIGTERM). The CLI blocks them only while
+it starts processes (`blocking`): a signal meanwhile waits, or another of its threads takes
+it and its handler runs in the main thread; none is lost (an ignored one would be, for the
+whole of the cluster's start).
 """
 
 from __future__ import annotations

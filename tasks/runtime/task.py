@@ -58,7 +58,7 @@ LOCK_FILE = "learner.lock"  # held (flock) by that process
 STOPPED_AT_ONCE = {"stopped": "at once"}  # the result of a learner terminated (`_pass_on`)
 AT_ONCE_S = 5.0  # a learner told to stop at once and still running after this (in a compile, say) is killed
 EARLY_S = 1.0  # the same, told before its first step: it has nothing to write, and the run's start-up waits
-ORPHAN_S = 3.0  # a local learner whose parent has gone and still running after this exits at once
+ORPHAN_S = 3.0  # a local learner whose parent has gone and still running after this is ended
 
 
 def permanent(error: BaseException) -> bool:
@@ -336,19 +336,20 @@ def _end_with_parent(at_once: int, pid_file: Path) -> None:
     run` killed with SIGKILL): the local cluster of its actors went with it (distributed's
     processes watch their parent the same way), no task is left to report to, and its lock
     would fail the next `tandem resume`. It unwinds as if stopped at once, with no one left
-    to read its output, and exits at once if that takes over ORPHAN_S."""
+    to read its output, and is ended if that takes over ORPHAN_S."""
     parent = multiprocessing.parent_process()
     if parent is None:  # started by `tasks.runtime.learner_host`, which ends it with its worker
         return
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # its deadline, once orphaned: nothing else here times with it
 
     def watch() -> None:
         parent.join()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.dup2(devnull, sys.stderr.fileno())
-        os.kill(os.getpid(), at_once)
-        time.sleep(ORPHAN_S)
         pid_file.unlink(missing_ok=True)
-        os._exit(128 + at_once)
+        # SIGALRM's default action: the kernel ends it, whatever holds Python's lock meanwhile.
+        signal.setitimer(signal.ITIMER_REAL, ORPHAN_S)
+        os.kill(os.getpid(), at_once)
 
     threading.Thread(target=watch, name="tandem-parent-watch", daemon=True).start()

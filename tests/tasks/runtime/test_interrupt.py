@@ -105,7 +105,8 @@ def _learner(queue, pid_file, ignores_at_once: bool) -> None:
         while not sigterm():
             time.sleep(0.01)
         queue.put("stopping at its next version")
-        time.sleep(60)
+        while True:  # short waits, as the learner's: a signal another thread took runs at the next
+            time.sleep(0.05)
     finally:
         pid_file.unlink(missing_ok=True)
 
