@@ -64,8 +64,13 @@ class Session:
             first = self.learner.step_count
             self._published = first
             self._saved = first if self.run_state.checkpoints.versions() else None  # restored, or a new run
-            while not (self._stops_before(self.learner.step_count, first) or self._train_batch()):
-                pass
+            try:
+                while not (self._stops_before(self.learner.step_count, first) or self._train_batch()):
+                    pass
+            except SystemExit:  # stopped at once (`tasks.runtime.task`): why, written first, as it may be killed soon
+                self.stopped = self.stopped or Stop(StopReason.INTERRUPTED, "stopped at once")
+                self._write_accounting()
+                raise
             self.run_state.commit()
         return {"step": self.learner.step_count, "version": self.weights.current,
                 "accounting": self.run_state.rules.accounting(),
