@@ -13,6 +13,10 @@ Usage:
     python benchmarks/reliability.py [--specs guess-number calculator code-exec] [--seeds 10]
         [--set path=value ...] [--variant NAME=path=value,...] [--cap 600]
 
+`--floor` runs each seed also through `benchmarks/floor.py` (the same spec and overrides,
+its target the spec's `learner.stop_at_success`), alternated with Tandem's run of that
+seed, and prints the ratio of the two medians: Tandem's distance from the tight floor.
+
 `--variant` runs each seed again under those overrides (alternated with the plain
 settings), e.g. games nobody tuned on (`benchmarks/games/`):
 
@@ -25,12 +29,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from harness import ROOT, emit, run_tandem
+
+sys.path.insert(0, str(ROOT))
+from flows.spec import load_spec  # noqa: E402  (the checkout's, beside this script)
 
 
 # The runs' Dask workers import `games.*` from here, as they would a user's environment module.
@@ -51,6 +60,22 @@ def one_run(spec: str, overrides: list[str], seed: int, cap_s: float, work: Path
             "max_take_s": max((r["take_s"] for r in records), default=None),
             # After the first step, whose wait includes the actors' start (their engine compiles).
             "max_take_s_later": max((r["take_s"] for r in records[1:]), default=None)}
+
+
+def floor_run(spec: str, overrides: list[str], seed: int, cap_s: float) -> dict:
+    """`benchmarks/floor.py` on one seed, in a process of its own on one device (all cores)."""
+    target = load_spec(ROOT / spec, overrides).learner.stop_at_success or 0.9
+    command = [sys.executable, str(ROOT / "benchmarks" / "floor.py"), str(ROOT / spec),
+               *[a for o in overrides for a in ("--set", o)], "--seeds", str(seed), "--target", str(target),
+               "--seconds", str(cap_s)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "XLA_FLAGS": ""})
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode or not lines:
+        raise RuntimeError(f"floor.py failed ({result.returncode}): {result.stderr[-2000:]}")
+    run = lines[-1]
+    return {"seed": seed, "ended": "target" if run["reached"] else "budget", "exit": 0, "reached": run["reached"],
+            "seconds": run["seconds"], "steps": run["steps"], "final_success": None,
+            "final_entropy": run["final_entropy"], "max_take_s": None, "max_take_s_later": None}
 
 
 def summary(label: str, runs: list[dict]) -> dict:
@@ -91,6 +116,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="overrides for every run")
     parser.add_argument("--variant", action="append", default=[], type=_variant,
                         help="NAME=path=value;path=value: each seed also runs under these overrides")
+    parser.add_argument("--floor", action="store_true", help="also run each seed through benchmarks/floor.py")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "reliability.json")
     args = parser.parse_args()
     rows, runs_by_label = [], {}
@@ -103,8 +129,16 @@ def main() -> None:
                                   Path(work) / label.replace(" ", "-"))
                     runs_by_label.setdefault(label, []).append(run)
                     print(json.dumps({"spec": label, **run}), flush=True)
+                    if args.floor:
+                        floor = floor_run(f"specs/{name}.yaml", [*args.set, *sets], seed, args.cap)
+                        runs_by_label.setdefault(f"{label} floor", []).append(floor)
+                        print(json.dumps({"spec": f"{label} floor", **floor}), flush=True)
             for label in variants:
                 rows.append(summary(label, runs_by_label[label]))
+                if args.floor:
+                    rows.append(summary(f"{label} floor", runs_by_label[f"{label} floor"]))
+                    ours, floor = rows[-2]["median_s"], rows[-1]["median_s"]
+                    rows[-1]["tandem_over_floor"] = round(ours / floor, 2) if ours and floor else None
     emit("each spec over seeds, as `tandem run` runs it (seconds from the first step to the success target)",
          rows, args.out, args=vars(args) | {"out": str(args.out)}, runs=runs_by_label)
 

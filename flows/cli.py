@@ -4,7 +4,7 @@ runs; the local Prefect server.
 Exit codes: 0 success (the step or success target), 1 the run failed, 2 a bad spec: one
 that does not validate, or that cannot run from here (an environment, filter or cluster
 class that does not import, a data file that does not read), found before anything
-starts; 3 the run ended by itself short of its target (a plateau, or no learning signal:
+starts, or a change to a run's spec that `flows.spec_changes` refuses; 3 the run ended by itself short of its target (a plateau, or no learning signal:
 checkpointed, resumable with other settings); 130 interrupted (Ctrl-C: the run stopped on
 a checkpoint, and `tandem resume RUN_DIR` continues it); 143 terminated (SIGTERM, as Slurm,
 Kubernetes and `timeout` send it: stopped as by a Ctrl-C). A SIGKILL leaves no process of
@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import fcntl
+import contextlib
+import logging
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 from flows.spec import Spec, SpecError, SpecIssue, load_spec
 
@@ -73,11 +76,14 @@ def _main(argv: list[str] | None) -> int:
     if (code := _on_a_spec(args, spec)) is not None:
         return code
     _verbose = args.verbose
-    if args.command == "resume" and (version := latest_version(spec.run_dir)) is not None:
-        print(f"Resuming {shown(spec.run_dir)} from its checkpoint of version {version} "
-              f"(step {version * spec.sync.interval})")
-    if args.command == "run" and not _new_or_continued(spec, fresh=args.fresh):
-        return 1
+    if args.command == "resume":
+        if (code := _resumable(args, spec)) is not None:
+            return code
+        if (version := latest_version(spec.run_dir)) is not None:
+            print(f"Resuming {shown(spec.run_dir)} from its checkpoint of version {version} "
+                  f"(step {checkpoint_step(spec.run_dir, version)})")
+    if args.command == "run" and (code := _new_or_continued(spec, fresh=args.fresh)) is not None:
+        return code
     return _run(spec)
 
 
@@ -197,35 +203,61 @@ def _spec(args: argparse.Namespace) -> Spec:
     return load_spec(args.spec, args.overrides)
 
 
-def _new_or_continued(spec: Spec, fresh: bool) -> bool:
-    """`tandem run` on a run directory in use: says that it continues that run, or (`fresh`)
-    moves that run aside. False if the directory belongs to a running learner."""
+def _new_or_continued(spec: Spec, fresh: bool) -> int | None:
+    """`tandem run` on a run directory in use: continues that run if `spec` is its spec, or
+    (`fresh`) moves that run aside; else the exit code of a refusal (a running learner's
+    directory, or another spec: a run's spec changes only with intent, `flows.spec_changes`)."""
     run_dir, version = spec.run_dir, latest_version(spec.run_dir)
     if not run_dir.exists() or not any(run_dir.iterdir()):
-        return True
-    if _locked(run_dir):
+        return None
+    from tasks.runtime.task import run_dir_locked
+
+    if run_dir_locked(run_dir):
         print(f"{shown(run_dir)} is in use by a running learner", file=sys.stderr)
-        return False
+        return 1
     if fresh:
         aside = next(p for n in range(1, 10_000) if not (p := run_dir.with_name(f"{run_dir.name}.{n}")).exists())
         run_dir.rename(aside)
         print(f"Starting anew; the previous run is now {shown(aside)}")
-    elif version is not None:
-        print(f"{shown(run_dir)} holds a run (checkpoint of version {version}, step {version * spec.sync.interval}): "
-              f"continuing it. To start anew: add --fresh (the old run is kept as {shown(run_dir)}.N)")
-    return True
+        return None
+    if (run_dir / "spec.yaml").is_file():
+        from flows.spec_changes import described, differences
+
+        changes = differences(yaml.safe_load((run_dir / "spec.yaml").read_text()), yaml.safe_load(spec.to_yaml()))
+        if changes:
+            print(f"{shown(run_dir)} holds a run of another spec; its spec is not changed by `tandem run`:\n"
+                  f"{described(changes)}\n"
+                  f"Either start anew there: add --fresh (the old run is kept as {shown(run_dir)}.N); or continue "
+                  f"that run with the changes a resume may take: {tandem_command()} resume {shown(run_dir)} "
+                  + " ".join(f"--set {path}={_yaml_value(b)}" for path, _, b in changes), file=sys.stderr)
+            return BAD_SPEC
+    if version is not None:
+        print(f"{shown(run_dir)} holds a run (checkpoint of version {version}, step "
+              f"{checkpoint_step(run_dir, version)}): continuing it. To start anew: add --fresh "
+              f"(the old run is kept as {shown(run_dir)}.N)")
+    return None
 
 
-def _locked(run_dir: Path) -> bool:
-    """Whether a learner holds the run directory's lock (`tasks.runtime.task.LOCK_FILE`)."""
-    if not (run_dir / "learner.lock").exists():
-        return False
-    with (run_dir / "learner.lock").open("a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-    return False
+def _resumable(args, spec: Spec) -> int | None:
+    """None if `tandem resume`'s overrides leave what the run's checkpoints and ledger
+    depend on as it is; else says which fields they change, and the exit code."""
+    if not args.overrides:
+        return None
+    from flows.spec_changes import described, differences, fixed
+
+    run_dir = args.run_dir
+    refused = fixed(differences(yaml.safe_load((run_dir / "spec.yaml").read_text()), yaml.safe_load(spec.to_yaml())))
+    if not refused:
+        return None
+    print(f"{shown(run_dir)}: a resumed run keeps what its checkpoints and ledger were made with; refused:\n"
+          f"{described(refused)}\nTrain such a spec as a new run (tandem run SPEC --fresh, or another checkpoint.dir).",
+          file=sys.stderr)
+    return BAD_SPEC
+
+
+def _yaml_value(value) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+    return text if " " not in text else repr(text)
 
 
 def _run(spec: Spec) -> int:
@@ -303,10 +335,16 @@ def _train(spec: Spec, console):
             "running": f" (the local server, already running; `{stop}` stops it)"}.get(origin, "")
     console.print(f"Prefect UI: {ui_url(api_url)}{note}")
     from flows.console import LiveDisplay, terminal_logging
+    from flows.server import ServerKeeper, local_port
     from flows.train import train
     from tasks.records.loggers import PROGRESS_FEED
+    from tasks.runtime.task import LOG_FILE
 
-    with (temporary_settings(updates={PREFECT_API_URL: api_url}), terminal_logging(console, _verbose),
+    # The local server this project runs is started again if it dies mid-run (`ServerKeeper`).
+    keeper = (ServerKeeper(local_port(), logging.getLogger("tandem.server").warning)
+              if origin in ("started", "running") else contextlib.nullcontext())
+    with (temporary_settings(updates={PREFECT_API_URL: api_url}),
+          terminal_logging(console, _verbose, log_file=spec.run_dir / LOG_FILE), keeper,
           LiveDisplay(console, spec.learner.steps, spec.learner.stop_at_success) as display,
           PROGRESS_FEED.subscribed(display.update)):
         _stage = "training"
@@ -322,7 +360,10 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
     if INTERRUPT.is_set() or state.is_cancelled():  # Cancelled alone: the learner process had a SIGTERM
         return _interrupted(console, spec, last, seconds, INTERRUPT.signum or signal.SIGTERM)
     if not state.is_completed():
-        print(f"run failed: {state.message}", file=sys.stderr)
+        from tasks.runtime.task import LOG_FILE
+
+        print(f"run failed: {failure(state)}\n(the whole log, tracebacks included: {shown(spec.run_dir / LOG_FILE)})",
+              file=sys.stderr)
         return 1
     from flows.train import ended
 
@@ -333,7 +374,7 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
 
     if (best := best_version(read_scores(spec.run_dir))) is not None:
         console.print(f"Best version by eval score: {best['version']} (success {best['success_rate']:.0%} on "
-                      f"held-out prompts); episodes: {tandem_command()} show {run_dir} --eval --version {best['version']}")
+                      f"{'held-out' if spec.eval.held_out else 'eval'} prompts); episodes: {tandem_command()} show {run_dir} --eval --version {best['version']}")
     console.print(f"Plots: {tandem_command()} report {run_dir}")
     from tasks.runtime.stopping import StopReason
 
@@ -346,7 +387,7 @@ def _interrupted(console, spec: Spec, last, seconds: float, signum: int) -> int:
     from tasks.runtime.interrupt import signal_name
 
     version = latest_version(spec.run_dir)
-    step = version * spec.sync.interval if version is not None else 0
+    step = checkpoint_step(spec.run_dir, version) if version is not None else 0
     where = f"its checkpoint of version {version} (step {step})" if version is not None else "the start"
     again = f"; steps {step + 1}-{last.step} are trained again" if last and last.step > step else ""
     console.print(f"Interrupted ({signal_name(signum)}) after {_minutes(seconds)}; "
@@ -361,6 +402,30 @@ def latest_version(run_dir: Path) -> int | None:
     checkpoints = run_dir / "checkpoints"
     versions = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.is_dir() else []
     return max(versions, default=None)
+
+
+FAILURE_CHARS = 600  # the terminal's account of a failure: a few lines, the log file has the rest
+
+
+def failure(state) -> str:
+    """Why a flow run failed, in a few lines: the message of the exception that failed it,
+    not Prefect's wrapping of it (its type and the task's name), and of that exception's
+    own cause where it only wraps one ("learner failed: Unrecoverable: ...")."""
+    error = state.result(raise_on_failure=False)
+    message = str(error) if isinstance(error, BaseException) and str(error) else str(state.message)
+    message = message.removeprefix("learner failed: ")
+    return message if len(message) <= FAILURE_CHARS else message[: FAILURE_CHARS - 1] + "…"
+
+
+def checkpoint_step(run_dir: Path, version: int) -> int:
+    """The step a checkpointed version was published at, as its checkpoint records it."""
+    from tasks.runtime.checkpoints import Checkpoints
+
+    checkpoints = Checkpoints(run_dir / "checkpoints", keep=None)
+    try:
+        return checkpoints.record(version)["step"]
+    finally:
+        checkpoints.close()
 
 
 def tandem_command() -> str:

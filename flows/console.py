@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Callable, Iterator
 
 from rich.console import Console
@@ -20,7 +21,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress as Bar, TextColumn
 
 from tasks.records.loggers import PROGRESS_LINE, Progress
-from tasks.runtime.interrupt import INTERRUPT
+from tasks.runtime.interrupt import INTERRUPT, signal_name
 from tasks.runtime.task_records import EVAL_LINE
 
 CHATTY = "distributed"  # INFO on every connection, worker and shutdown step: WARNING unless verbose
@@ -40,10 +41,27 @@ class Routine(logging.Filter):
                     or PROGRESS_LINE.match(message) or EVAL_LINE.match(message))
 
 
+class OnceAndShort(logging.Filter):
+    """A failure reaches the terminal once, in a few lines (the CLI's last words say why the
+    run failed): Prefect's engine's records of a task or flow run failing are left to the
+    log file and the UI, and no record prints its traceback here."""
+
+    ENGINE = ("prefect.task_runs", "prefect.flow_runs")
+    FAILING = ("Task run failed with exception", "Finished in state Failed", "Encountered exception during execution")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name in self.ENGINE and record.getMessage().startswith(self.FAILING):
+            return False
+        # The same record goes on to no other handler: ours is the root's last (`terminal_logging`).
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
 @contextlib.contextmanager
-def terminal_logging(console: Console, verbose: bool) -> Iterator[None]:
+def terminal_logging(console: Console, verbose: bool, log_file: Path | None = None) -> Iterator[None]:
     """Routes log records to the terminal through `console`, so that they print above the
-    live display: those `Routine` lets through, or all at INFO and up if `verbose`."""
+    live display: those `Routine` lets through, or all at INFO and up if `verbose`; and
+    all, with their tracebacks, to `log_file` if given."""
     from prefect.logging.configuration import ensure_logging_setup
     from prefect.logging.formatters import PrefectFormatter
     from prefect.logging.handlers import PrefectConsoleHandler
@@ -61,9 +79,13 @@ def terminal_logging(console: Console, verbose: bool) -> Iterator[None]:
                                           datefmt="%H:%M:%S"))
     if not verbose:
         handler.addFilter(Routine())
+        handler.addFilter(OnceAndShort())
         chatty.setLevel(logging.WARNING)
     for h in replaced:
         root.removeHandler(h)
+    to_file = _file_handler(log_file) if log_file is not None else None
+    if to_file is not None:
+        root.addHandler(to_file)  # before the terminal's, whose filter drops tracebacks
     root.addHandler(handler)
     logging.captureWarnings(True)  # a library's warnings.warn, printed above the display too
     try:
@@ -71,11 +93,22 @@ def terminal_logging(console: Console, verbose: bool) -> Iterator[None]:
     finally:
         logging.captureWarnings(False)
         root.removeHandler(handler)
+        if to_file is not None:
+            root.removeHandler(to_file)
+            to_file.close()
         for h in replaced:
             root.addHandler(h)
         chatty.setLevel(chatty_level)
         if dask_env:
             del os.environ["DASK_LOGGING__DISTRIBUTED"]
+
+
+def _file_handler(path: Path) -> logging.Handler:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    return handler
 
 
 def _handler(console: Console) -> tuple[logging.Handler, str]:
@@ -151,7 +184,7 @@ class LiveDisplay:
         if INTERRUPT.now:
             return " | Ctrl-C twice: stopping at once"
         if INTERRUPT.is_set():
-            return " | Ctrl-C: stopping at the next version (Ctrl-C again: at once)"
+            return f" | {signal_name(INTERRUPT.signum)}: stopping at the next version (Ctrl-C again: at once)"
         return ""
 
 

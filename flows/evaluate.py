@@ -64,7 +64,7 @@ def eval_summary(run_dir: Path, episodes: int = 2) -> str:
         return ""
     path = run_dir / EVAL_DIRECTORY / f"v{best['version']}.jsonl"
     shown = "\n\n".join(transcript(r) for r in read_episodes(path)[:episodes]) if path.exists() else ""
-    return (f"\n## Evaluation on held-out prompts\n\nBest version by eval score: **{best['version']}** "
+    return (f"\n## Evaluation\n\nBest version by eval score: **{best['version']}** "
             f"(step {best['step']}): success {best['success_rate']:.0%}, reward {best['reward_mean']:.3f} over "
             f"{best['episodes']} episodes. `tandem export {run_dir} --version best OUT_DIR` writes it.\n\n"
             f"{table(scores)}\nEpisodes of version {best['version']} ([all of them]({path.as_uri()}); "

@@ -271,6 +271,6 @@ def report_command(run_dir: Path) -> int:
     best = best_version(read_scores(run_dir))
     if best is not None:
         print(f"Best version by eval score: {best['version']} (step {best['step']}): success "
-              f"{best['success_rate']:.0%}, reward {best['reward_mean']:.3f} on {best['prompts']} held-out prompts")
+              f"{best['success_rate']:.0%}, reward {best['reward_mean']:.3f} on {best['prompts']} eval prompts")
     print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
     return 0

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -257,3 +258,40 @@ def _foreign(action: str, url: str, port: int) -> int:
 
 def _port_flag(port: int) -> str:
     return "" if port == local_port() else f" --port {port}"
+
+
+class ServerKeeper:
+    """Starts the local server again when it stops answering during a run (killed, or out
+    of memory): the same port and home, so the same database; the run's records wait in
+    the Prefect client's retries meanwhile (`PREFECT_CLIENT_MAX_RETRIES`, backing off
+    2, 4, ... s: about a minute in all with the default 5) and reach it once it answers.
+    A run reported to a configured API (`PREFECT_API_URL`) has nothing here to restart."""
+
+    def __init__(self, port: int, warn, every_s: float = 2.0, misses: int = 3):
+        self.port, self.warn, self.every_s, self.misses = port, warn, every_s, misses
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tandem-server-keeper", daemon=True)
+
+    def __enter__(self) -> "ServerKeeper":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        api_url, missed = f"http://127.0.0.1:{self.port}/api", 0
+        while not self._stop.wait(self.every_s):
+            missed = 0 if healthy(api_url) else missed + 1
+            if missed < self.misses or self._stop.is_set():
+                continue
+            self.warn(f"the Prefect server at {ui_url(api_url)} stopped answering; starting it again "
+                      "(the run's records wait for it)")
+            try:
+                start_local_server(self.port)
+            except RuntimeError as e:
+                self.warn(f"the Prefect server did not start again ({e}); trying again in {self.every_s:.0f}s")
+                continue
+            self.restarts, missed = self.restarts + 1, 0

@@ -101,6 +101,26 @@ class Spec(Frozen):
         return self
 
     @model_validator(mode="after")
+    def _rows_hold_a_batch(self) -> "Spec":
+        # Packing never splits a sample, and any k samples of at most model.max_len tokens
+        # fit a row of the largest bucket, k = bucket // max_len; so a batch of n samples
+        # always fits ceil(n / k) rows, and may need them all (every episode at max_len).
+        rows, bucket, max_len = self.learner.rows, self.learner.buckets[-1], self.model.max_len
+        if rows is None or bucket < max_len:
+            return self
+        samples = self.learner.batch_groups * self.actors.group_size
+        need = -(-samples // (bucket // max_len))
+        if rows < need:
+            parts = self.learner.minibatches * self.learner.hosts
+            fits = -(-need // parts) * parts
+            raise AcrossFields(
+                f"learner.rows: {rows} rows of the largest bucket, {{0}} = {bucket} tokens, may not hold a batch: "
+                f"{{1}} × {{2}} = {samples} episodes of up to {{3}} = {max_len} tokens, {bucket // max_len} to a "
+                f"row, need up to {need} rows; set learner.rows to {fits} (or null: a row per episode), or raise "
+                "the largest bucket", ("learner.buckets", "learner.batch_groups", "actors.group_size", "model.max_len"))
+        return self
+
+    @model_validator(mode="after")
     def _eval_resources_need_workers_of_their_own(self) -> "Spec":
         # A local cluster's workers all carry actors.resources only, each held by its actor
         # for the session: an evaluation asking for resources would wait for good.

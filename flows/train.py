@@ -4,30 +4,49 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import uuid
 from pathlib import Path
+from typing import Callable
 
+import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Cancelled
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
+from prefect.runtime import flow_run
+from prefect.states import Cancelled, Crashed
 
 from flows.evaluate import eval_summary
 from flows.report import publish_report
 from flows.spec import Spec
+from flows.spec_changes import described, differences, fixed, with_history
 from tasks.actors.cluster import actor_cluster
+from tasks.records.atomic import write_text_atomic
+from tasks.runtime.failures import Unrecoverable
 from tasks.runtime.interrupt import INTERRUPT, blocking, reclaim_sigterm
 from tasks.runtime.stopping import StopReason
-from tasks.runtime.task import learn
+from tasks.runtime.task import learn, run_dir_locked
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
-def prepare_run_dir(spec: Spec) -> Path:
-    """Creates the run directory and its resolved `spec.yaml`; a resumed run must keep its spec."""
+def prepare_run_dir(spec: Spec, log: Callable[[str], None] = print) -> Path:
+    """Creates the run directory and its resolved `spec.yaml`. A run's spec changes only
+    as `flows.spec_changes` allows, each change kept in the file's history; a change it
+    refuses fails here, before anything in the directory changes."""
     run_dir = spec.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec_file = run_dir / "spec.yaml"
-    if spec_file.exists() and spec_file.read_text() != spec.to_yaml():
-        get_run_logger().warning(f"{spec_file} differs from this run's spec; the run's spec is replaced")
-    spec_file.write_text(spec.to_yaml())
+    spec_file, text = run_dir / "spec.yaml", spec.to_yaml()
+    if not spec_file.exists():
+        write_text_atomic(spec_file, text)
+        return run_dir
+    previous = spec_file.read_text()
+    changes = differences(yaml.safe_load(previous), yaml.safe_load(text))
+    if refused := fixed(changes):
+        raise Unrecoverable(f"{spec_file}: a resumed run keeps what its checkpoints and ledger were made with; "
+                            f"this spec changes {', '.join(path for path, _, _ in refused)}")
+    if changes:
+        log(f"the run's spec changes:\n{described(changes)}")
+        write_text_atomic(spec_file, with_history(previous, changes, text))
     return run_dir
 
 
@@ -37,7 +56,8 @@ def train(spec: Spec):
     where training ended (`step`, `version`, `stopped`, `accounting`); a Cancelled state
     (with that result) if Ctrl-C or SIGTERM stopped it (`tasks.runtime.interrupt`)."""
     reclaim_sigterm()  # from Prefect's engine, under `tandem run`: SIGTERM stops as Ctrl-C does
-    run_dir = prepare_run_dir(spec)
+    run_dir = prepare_run_dir(spec, log=get_run_logger().info)
+    _take_over(run_dir, log=get_run_logger().warning)
     with contextlib.ExitStack() as stack:
         # The actors play on through a Ctrl-C or a SIGTERM, till the learner stops them (tasks.runtime.interrupt).
         with blocking(signal.SIGINT, signal.SIGTERM):
@@ -51,6 +71,30 @@ def train(spec: Spec):
         return Cancelled(message=f"{ended(result)}; `tandem resume {run_dir}` continues it", data=result)
     publish_report(run_dir, run_name=spec.name, markdown=_summary(spec, run_dir, result))
     return result
+
+
+FLOW_RUN_FILE = "flow-run"  # in the run directory: the id of the flow run that trains it, or last did
+
+
+def _take_over(run_dir: Path, log: Callable[[str], None]) -> None:
+    """Records this flow run as the run directory's. The one recorded before, if Prefect
+    still shows it running while no learner holds the directory, was killed (SIGKILL, a
+    machine lost) before it could say so: it is marked Crashed, so the UI tells the truth."""
+    path = run_dir / FLOW_RUN_FILE
+    previous = path.read_text().strip() if path.is_file() else None
+    current = str(flow_run.id)
+    if previous and previous != current and not run_dir_locked(run_dir):
+        try:
+            with get_client(sync_client=True) as client:
+                orphan = client.read_flow_run(uuid.UUID(previous))
+                if orphan.state is not None and (orphan.state.is_running() or orphan.state.is_pending()):
+                    client.set_flow_run_state(orphan.id, Crashed(
+                        message="its process was killed before it could report; a later run took its run directory "
+                                f"over: flow run {current}"), force=True)
+                    log(f"flow run {orphan.name!r}, left {orphan.state.name} by a killed process, is marked Crashed")
+        except (ObjectNotFound, ValueError):  # another server's, or not an id: nothing here to mend
+            pass
+    write_text_atomic(path, current + "\n")
 
 
 def ended(result: dict) -> str:

@@ -47,7 +47,7 @@ def dask_cluster():
     from tasks.actors.cluster import ACTOR_ENV
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None, env=ACTOR_ENV) as cluster:
+                      dashboard_address=":0", env=ACTOR_ENV) as cluster:
         yield cluster.scheduler_address
 
 

@@ -41,7 +41,7 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
         # One thread for the worker's actor task, which runs for the whole session, and
         # one for other work (an evaluation, say).
         cluster = LocalCluster(n_workers=config.workers, threads_per_worker=2, processes=True,
-                               dashboard_address=None, env=env, resources=config.resources or None,
+                               dashboard_address=":0", env=env, resources=config.resources or None,
                                memory_limit=worker_memory_limit(config))
     else:
         cluster = cluster_class(config.cluster)(**config.cluster_kwargs)

@@ -65,7 +65,7 @@ def evaluate_version(setup: EvalSetup, cluster: EvalCluster, target: EvalTarget,
     path = result_path(target.run_dir, target.version)
     asset = Asset(key=asset_key(path), properties=AssetProperties(
         name=f"{target.run_name} v{target.version} eval",
-        description=f"eval of version {target.version} (step {target.step}) on {len(setup.prompts)} held-out prompts"))
+        description=f"eval of version {target.version} (step {target.step}) on {len(setup.prompts)} eval prompts"))
     upstream = target.checkpoint or target.run_dir / "spec.yaml"
 
     @materialize(asset, asset_deps=[asset_key(upstream)], cache_policy=NO_CACHE, persist_result=False,

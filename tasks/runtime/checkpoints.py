@@ -97,6 +97,10 @@ class Checkpoints:
             state=ocp.args.StandardRestore(abstract_state), record=ocp.args.JsonRestore()))
         return restored["state"], restored["record"]
 
+    def record(self, version: int) -> dict:
+        """The JSON record of `version` alone (its step, data cursor, accounting), arrays unread."""
+        return self._manager.restore(version, args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]
+
     def set_aside(self, version: int) -> Path:
         """Moves version `version` out of the checkpoints (kept, to be looked at); returns
         where. The versions before it become the latest, and `version` can be written again."""

@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -55,10 +56,23 @@ from tasks.runtime.task_records import TaskRecords
 
 PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
 LOCK_FILE = "learner.lock"  # held (flock) by that process
+LOG_FILE = "tandem.log"  # in the run directory: the run's log, tracebacks whole (`flows.console`)
 STOPPED_AT_ONCE = {"stopped": "at once"}  # the result of a learner terminated (`_pass_on`)
 AT_ONCE_S = 5.0  # a learner told to stop at once and still running after this (in a compile, say) is killed
 EARLY_S = 1.0  # the same, told before its first step: it has nothing to write, and the run's start-up waits
 ORPHAN_S = 3.0  # a local learner whose parent has gone and still running after this is ended
+
+
+def run_dir_locked(run_dir: Path) -> bool:
+    """Whether a learner process holds the run directory's lock (`LOCK_FILE`)."""
+    if not (run_dir / LOCK_FILE).exists():
+        return False
+    with (run_dir / LOCK_FILE).open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
 
 
 def permanent(error: BaseException) -> bool:
@@ -280,6 +294,7 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
                               f"(pid {pid_file.read_text() if pid_file.exists() else '?'})", False)))
         return
     pid_file.write_text(str(os.getpid()))
+    sys.unraisablehook = functools.partial(_unraisable_to, run_dir / LOG_FILE)
     try:
         multihost.initialize(spec.learner.hosts, environ)
         with Client(scheduler_address) as client:
@@ -291,13 +306,32 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
             if spec.learner.hosts > 1:
                 lockstep.announce(lockstep.STOP)
             events.put(("done", result))
-    except BaseException as e:
+    except Exception as e:
+        events.put(("error", (f"{type(e).__name__}: {e}", permanent(e))))
+        # Its traceback to the run's log file, not the terminal: the task reports the failure once.
+        with (run_dir / LOG_FILE).open("a") as f:
+            f.write(f"learner process {os.getpid()} failed:\n{traceback.format_exc()}")
+        failed = True
+    except BaseException as e:  # stopped at once: SystemExit from `_take_signals`
         events.put(("error", (f"{type(e).__name__}: {e}", permanent(e))))
         raise
+    else:
+        failed = False
     finally:
         pid_file.unlink(missing_ok=True)
         events.close()
         events.join_thread()
+    if failed:
+        sys.exit(1)
+
+
+def _unraisable_to(log_file: Path, unraisable) -> None:
+    """An error no one can catch (a library's callback on a closed event loop, as Orbax's
+    after a failed restore), written to the run's log rather than over the terminal."""
+    with contextlib.suppress(OSError), log_file.open("a") as f:
+        f.write(f"{unraisable.err_msg or 'Exception ignored in'}: {unraisable.object!r}\n"
+                + "".join(traceback.format_exception(unraisable.exc_type, unraisable.exc_value,
+                                                     unraisable.exc_traceback)))
 
 
 def _follower_main(spec: RunSpec, environ: dict[str, str], at_once: int = AT_ONCE) -> None:

@@ -131,6 +131,7 @@ def test_warnings_name_outpacing_and_starving():
     assert any("starve" in w for w in warnings(m, spec, spec_pool(spec), predict(m, spec_pool(spec))))
 
 
+@pytest.mark.slow  # 37 s on 2 cores: CI's time (README, "The two commands")
 def test_audit_of_a_tiny_spec_prints_a_sane_prediction_and_recommendation(tmp_path, capsys):
     tiny = ["model.d_model=16", "model.n_layers=1", "model.d_ff=32", "actors.group_size=2",
             "learner.batch_groups=4", "env.latency_s=0.1", "actors.actors=4"]  # 8 rows: one per test device

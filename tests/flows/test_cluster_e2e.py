@@ -20,6 +20,7 @@ TINY = ["--set", "learner.batch_groups=4", "--set", "buffer.capacity=8", "--set"
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.slow  # 58 s on 2 cores: CI's time (README, "The two commands")
 def test_actors_on_separately_started_scheduler_and_workers(prefect_api, tmp_path):
     address = f"tcp://127.0.0.1:{free_port()}"
     env = {**os.environ, **ACTOR_ENV, "PYTHONPATH": str(ROOT)}
@@ -47,9 +48,10 @@ def test_actors_on_separately_started_scheduler_and_workers(prefect_api, tmp_pat
             process.wait(timeout=30)
 
 
+@pytest.mark.slow  # 47 s on 2 cores: CI's time (README, "The two commands")
 def test_cluster_class_named_in_the_spec(prefect_api, tmp_path):
     run_dir = tmp_path / "run"
-    kwargs = "{n_workers: 0, threads_per_worker: 1, processes: true, dashboard_address: null}"
+    kwargs = "{n_workers: 0, threads_per_worker: 1, processes: true, dashboard_address: ':0'}"
     result = tandem("run", "specs/guess-number.yaml", *TINY, "--set", "actors.cluster=distributed:LocalCluster",
                     "--set", f"actors.cluster_kwargs={kwargs}", "--set", f"checkpoint.dir={run_dir}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

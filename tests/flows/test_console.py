@@ -4,7 +4,9 @@ log filter, the notice of a continued run and `--fresh`, the learner's stop on C
 
 import io
 import logging
+import signal
 
+import numpy as np
 import pytest
 from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
 from rich.console import Console
@@ -13,6 +15,7 @@ from flows import cli
 from flows.cli import main
 from flows.console import LiveDisplay, terminal_logging
 from flows.server import server_command
+from flows.spec import load_spec
 from tasks.records.loggers import Progress
 from tasks.runtime.checkpoints import Checkpoints
 from tasks.runtime.interrupt import INTERRUPT
@@ -66,6 +69,28 @@ def test_display_says_what_a_ctrl_c_does():
     assert display.status().endswith("Ctrl-C: stopping at the next version (Ctrl-C again: at once)")
     INTERRUPT.request()
     assert display.status().endswith("Ctrl-C twice: stopping at once")
+    INTERRUPT.clear()
+    INTERRUPT.request(signal.SIGTERM)  # what Slurm, Kubernetes and `timeout` send
+    assert display.status().endswith("SIGTERM: stopping at the next version (Ctrl-C again: at once)")
+
+
+def test_a_failure_reaches_the_terminal_once_without_its_traceback(tmp_path):
+    out, log_file = io.StringIO(), tmp_path / "run" / "tandem.log"
+    task_run = logging.LoggerAdapter(logging.getLogger("prefect.task_runs"), {"task_run_name": "learner-0"})
+    with (temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}),  # no flow run here
+          terminal_logging(Console(file=out, width=200), verbose=False, log_file=log_file)):
+        try:
+            raise ValueError("observations outside the alphabet")
+        except ValueError:
+            task_run.error("Task run failed with exception: ValueError('observations outside the alphabet')",
+                           exc_info=True)
+            logging.getLogger("tandem").error("the learner failed", exc_info=True)
+        task_run.error("Finished in state Failed('Task run encountered an exception ValueError')")
+    shown = out.getvalue()
+    assert "the learner failed" in shown and "Traceback" not in shown and "Task run failed" not in shown
+    assert "Finished in state Failed" not in shown
+    logged = log_file.read_text()  # the whole of it, tracebacks included
+    assert logged.count("Traceback") == 2 and "Finished in state Failed" in logged
 
 
 @pytest.mark.parametrize("verbose", [False, True])
@@ -94,12 +119,17 @@ def no_training(monkeypatch):
     return started
 
 
-def a_run(tmp_path, version=3):
+def a_run(tmp_path, version=3, step=10):
+    """A run directory with its spec and a checkpoint of `version` at `step` (not version ×
+    sync.interval: a resume changed the interval, say)."""
     run_dir = tmp_path / "run"
-    (run_dir / "checkpoints" / str(version)).mkdir(parents=True)
+    checkpoints = Checkpoints(run_dir / "checkpoints", keep=None)
+    checkpoints.save(version, {"w": np.zeros(2, np.float32)}, {"step": step, "version": version})
+    checkpoints.close()
     (run_dir / "checkpoints" / f"{version + 1}.orbax-checkpoint-tmp-12").mkdir()  # not a checkpoint
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(run_dir=run_dir))
+    (run_dir / "spec.yaml").write_text(load_spec(spec).to_yaml())
     return str(spec), run_dir
 
 
@@ -107,8 +137,33 @@ def test_run_says_it_continues_a_run_and_how_to_start_anew(tmp_path, capsys, no_
     spec, run_dir = a_run(tmp_path)
     assert main(["run", spec]) == 0
     out = capsys.readouterr().out
-    assert "holds a run (checkpoint of version 3, step 12): continuing it" in out and "--fresh" in out
+    assert "holds a run (checkpoint of version 3, step 10): continuing it" in out and "--fresh" in out
     assert run_dir.exists() and no_training
+
+
+def test_run_refuses_another_spec_on_an_existing_run_and_says_the_ways_on(tmp_path, capsys, no_training):
+    spec, run_dir = a_run(tmp_path)
+    before = (run_dir / "spec.yaml").read_text()
+    assert main(["run", spec, "--set", "learner.steps=12"]) == 2
+    err = capsys.readouterr().err
+    assert "learner.steps: 8 -> 12" in err and "--fresh" in err
+    assert f"resume {run_dir} --set learner.steps=12" in err
+    assert (run_dir / "spec.yaml").read_text() == before and not no_training
+
+
+def test_resume_refuses_a_change_the_checkpoints_depend_on_before_anything_changes(tmp_path, capsys, no_training):
+    _, run_dir = a_run(tmp_path)
+    before = (run_dir / "spec.yaml").read_text()
+    assert main(["resume", str(run_dir), "--set", "model.d_model=128", "--set", "learner.steps=20"]) == 2
+    err = capsys.readouterr().err
+    assert "model.d_model: 64 -> 128" in err and "learner.steps" not in err  # steps may change on resume
+    assert (run_dir / "spec.yaml").read_text() == before and not no_training
+
+
+def test_resume_takes_a_change_of_steps(tmp_path, capsys, no_training):
+    _, run_dir = a_run(tmp_path)
+    assert main(["resume", str(run_dir), "--set", "learner.steps=20"]) == 0
+    assert no_training[0].learner.steps == 20
 
 
 def test_fresh_moves_the_previous_run_aside(tmp_path, capsys, no_training):
@@ -121,9 +176,8 @@ def test_fresh_moves_the_previous_run_aside(tmp_path, capsys, no_training):
 
 def test_resume_says_from_where(tmp_path, capsys, no_training):
     _, run_dir = a_run(tmp_path)
-    (run_dir / "spec.yaml").write_text(SPEC.format(run_dir=run_dir))
     assert main(["resume", str(run_dir)]) == 0
-    assert "from its checkpoint of version 3 (step 12)" in capsys.readouterr().out
+    assert "from its checkpoint of version 3 (step 10)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("action, code", [("status", 1), ("stop", 0)])

@@ -85,6 +85,7 @@ def process_worker(prefect_api, tmp_path):
         log.close()
 
 
+@pytest.mark.slow  # 62 s on 2 cores: CI's time (README, "The two commands")
 @pytest.mark.e2e
 def test_deployed_spec_runs_on_a_process_worker(process_worker, tmp_path):
     spec = yaml.safe_load((ROOT / "specs" / "guess-number.yaml").read_text())

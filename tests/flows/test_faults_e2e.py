@@ -54,6 +54,7 @@ def records(run_dir):
     return metrics, json.loads((run_dir / "accounting.json").read_text())
 
 
+@pytest.mark.slow  # 65 s on 2 cores: CI's time (README, "The two commands")
 def test_killed_learner_is_retried_by_prefect_and_resumes(prefect_api, tmp_path):
     run_dir, steps = tmp_path / "run", 24
     process, log = start_run(run_dir, "--set", f"learner.steps={steps}")
@@ -88,6 +89,7 @@ def test_killed_worker_is_replaced_and_its_prompts_regenerated(prefect_api, tmp_
     assert "attempts it held are lost" in output or "lost with its worker" in output
 
 
+@pytest.mark.slow  # 44 s on 2 cores: CI's time (README, "The two commands")
 def test_hanging_environment_times_out_and_its_prompt_is_retried(prefect_api, tmp_path):
     run_dir, steps = tmp_path / "run", 8
     (tmp_path / "markers").mkdir()
@@ -159,6 +161,11 @@ def test_observations_outside_the_alphabet_stop_the_run_with_one_clear_error(pre
     assert time.monotonic() - started < 120, "it took over two minutes"
     assert "outside the tokenizer's alphabet: ':'" in output and "model.tokenizer.alphabet" in output
     assert "resumed from" not in output and output.count("learner session") <= 1, "the learner task was retried"
+    # Once, in a few lines, no traceback: the whole of it is in the run's log (README, "The run directory").
+    assert "Traceback" not in output and output.count("No retry can fix this") == 1, output[-4000:]
+    failure = output[output.index("run failed:"):].splitlines()
+    assert len(failure) <= 5 and str(run_dir / "tandem.log") in failure[-1], failure
+    assert "Traceback" in (run_dir / "tandem.log").read_text()
 
 
 @pytest.mark.slow  # 74 s on 2 cores: CI's time (README, "The two commands")

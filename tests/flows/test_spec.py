@@ -415,3 +415,18 @@ def _within(seconds, call):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+# --- Rows hold a batch ------------------------------------------------------------------
+
+def test_rows_that_may_not_hold_a_batch_are_refused_with_a_value_that_fits():
+    """The default spec's `rows: 48` with a user's longer contexts: every episode at
+    max_len, one to a row of the largest bucket, needs a row each."""
+    text = "model: {max_len: 128}\nlearner:\n  batch_groups: 16\n  buckets: [128]\n  rows: 48\n  minibatches: 3\n"
+    assert _issues(text, ["learner.steps=201", "sync.interval=3"]) == [
+        "learner.rows (line 5): 48 rows of the largest bucket, learner.buckets (line 4) = 128 tokens, may not hold "
+        "a batch: learner.batch_groups (line 3) × actors.group_size (default) = 128 episodes of up to "
+        "model.max_len (line 1) = 128 tokens, 1 to a row, need up to 128 rows; set learner.rows to 129 (or null: "
+        "a row per episode), or raise the largest bucket"]
+    # Four to a row of 64: 32 rows hold any batch of 128 episodes of up to 16 tokens.
+    assert parse_spec("model: {max_len: 16}\nlearner: {batch_groups: 16, buckets: [32, 64], rows: 32}\n").learner.rows == 32

@@ -24,6 +24,7 @@ def run(run_dir, *extra: str) -> tuple[list[dict], dict]:
     return metrics, json.loads((run_dir / "accounting.json").read_text())
 
 
+@pytest.mark.slow  # 82 s on 2 cores: CI's time (README, "The two commands")
 def test_exit_check_excludes_and_retries_admission_control_prevents(prefect_api, tmp_path):
     metrics, accounting = run(tmp_path / "exit", "buffer.admission=false")  # the spec has it on
     assert accounting["excluded"].get("stale", 0) >= 1 and accounting["retried"] >= 1, accounting

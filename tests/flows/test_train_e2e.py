@@ -72,6 +72,7 @@ def test_run_trains_checkpoints_and_reports_to_prefect(prefect_api, tmp_path):
         assert (progress.data, progress.description) == (100.0, "guess-number: finished at step 12 of 12, version 3")
 
 
+@pytest.mark.slow  # 57 s on 2 cores: CI's time (README, "The two commands")
 def test_killed_run_resumes_from_its_last_version(prefect_api, tmp_path):
     run_dir = tmp_path / "run"
     command = [str(os.path.join(os.path.dirname(sys.executable), "tandem")), "run", "specs/guess-number.yaml",

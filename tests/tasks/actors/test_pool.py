@@ -38,7 +38,7 @@ def test_an_actor_whose_only_worker_died_runs_again_on_its_restarted_worker(monk
     """Pinned to its worker, it waited in Dask's "no-worker" state for good, and the
     learner for groups."""
     monkeypatch.setattr(pool_module, "run_actor", plays_until_stopped)
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         pool = ActorPool(client, SimpleNamespace(channels=Channels("one")), 1, log=print)
         pool.start()
@@ -55,7 +55,7 @@ def test_an_actor_whose_only_worker_died_runs_again_on_its_restarted_worker(monk
 
 def test_actors_with_resources_run_only_on_the_worker_that_has_them(monkeypatch):
     monkeypatch.setattr(pool_module, "run_actor", plays_until_stopped)
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client, tagged_worker(client, "GPU=2", nthreads=2) as gpu_worker:
         pool = ActorPool(client, SimpleNamespace(channels=Channels("gpu")), 2, log=print, resources={"GPU": 1})
         pool.start()

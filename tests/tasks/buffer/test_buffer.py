@@ -32,7 +32,7 @@ from tests.conftest import free_port
 
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(n_workers=1, threads_per_worker=3, processes=False, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=1, threads_per_worker=3, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         yield client
 
@@ -181,7 +181,7 @@ def _exit():
 
 def test_a_group_whose_worker_died_is_lost_and_retried(monkeypatch):
     # Its data was scattered: once its worker is gone nothing can recompute it.
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         reader = reader_for(client, "died", n_actors=1, capacity=2, start=False)
         monkeypatch.setattr(exchange_module, "FETCH_TIMEOUT_S", 0.5)

@@ -29,7 +29,7 @@ def setup_asking(resources: dict) -> tuple[EvalSetup, bytes]:
 @pytest.fixture
 def cluster_with_an_eval_worker():
     """A local cluster's worker (the actors') and one started with `--resources eval=1`."""
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client, tagged_worker(client, "eval=1", nthreads=1) as eval_worker:
         yield client, eval_worker
 
@@ -52,7 +52,7 @@ def test_an_eval_asking_for_resources_plays_on_the_worker_that_has_them(cluster_
 
 def test_an_eval_asking_for_resources_no_worker_has_says_so():
     setup, weights = setup_asking({"eval": 1})
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as local:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as local:
         cluster = EvalCluster(local.scheduler_address)
         try:
             with pytest.raises(RuntimeError, match=r"no Dask worker of .* has the resources \{'eval': 1\} "

@@ -21,7 +21,7 @@ from tests.support.learner_programs import follower, leader
 @pytest.fixture(scope="module")
 def client():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, resources={"learner": 1},
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
         yield client
 
 
@@ -115,6 +115,6 @@ def test_the_coordinator_is_on_process_0s_host(client):
 def test_a_cluster_class_is_built_and_scaled_to_the_hosts():
     config = LearnerConfig(hosts=2, cluster="distributed:LocalCluster",
                            cluster_kwargs={"n_workers": 0, "threads_per_worker": 1, "resources": {"learner": 1},
-                                           "dashboard_address": None})
+                                           "dashboard_address": ":0"})
     with learner_client(config) as client:
         assert len(learner_workers(client, 2)) == 2

@@ -97,7 +97,7 @@ def test_a_failed_send_is_raised_at_the_learners_next_call():
 
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(n_workers=1, threads_per_worker=4, processes=False, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=1, threads_per_worker=4, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         yield client
 
@@ -136,7 +136,7 @@ def _kill_worker():
 def test_weights_survive_the_death_of_any_dask_worker():
     """The learner serves the weights itself: no worker holds the only copy, so a worker
     that dies (as a fault test kills one) leaves every actor able to fetch them."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         channels = Channels("survive")
         source = WeightSource(HttpTransport(channels, client), interval=1).start()

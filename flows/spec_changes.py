@@ -1,0 +1,65 @@
+"""What may change in a run's spec once the run exists (README, "Resuming a run").
+
+A run directory's `spec.yaml` is its run's spec. `tandem run` on it takes no other spec
+(`--fresh` starts anew); `tandem resume RUN --set ...` changes what neither its
+checkpoints nor its ledger depend on (steps, stop rules, actors, buffer, eval, ...) and
+refuses the rest (`FIXED`) before anything in the directory changes. Each accepted change
+is kept in `spec.yaml` itself, as a comment above the spec: the run's history of changes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import yaml
+
+# What a checkpoint's arrays or the ledger's prompt cursor depend on. `name`: the run's
+# lineage in Prefect is keyed by it. The optimizer's clipping and decay, and a KL term (its
+# reference copy of the weights), change the train state's structure.
+FIXED = ("name", "seed", "model", "env.entrypoint", "env.kwargs", "data", "actors.group_size",
+         "learner.optimizer.max_grad_norm", "learner.optimizer.weight_decay", "learner.loss.kl_coef")
+
+HISTORY = "# changed "  # how a line of the history begins
+
+
+def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """(field path, old value, new value) of each leaf that differs between two resolved
+    specs (`Spec.to_yaml`, parsed), in the specs' order."""
+    out: list[tuple[str, Any, Any]] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+            for key in a:
+                walk(a[key], b[key], f"{path}.{key}" if path else key)
+        elif a != b:
+            out.append((path, a, b))
+
+    walk(old, new, "")
+    return out
+
+
+def fixed(changes: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """The changes a resumed run cannot take."""
+    return [c for c in changes if any(c[0] == f or c[0].startswith(f + ".") for f in FIXED)]
+
+
+def described(changes: list[tuple[str, Any, Any]]) -> str:
+    return "\n".join(f"  {path}: {_shown(a)} -> {_shown(b)}" for path, a, b in changes)
+
+
+def with_history(previous_text: str, changes: list[tuple[str, Any, Any]], new_yaml: str) -> str:
+    """The new `spec.yaml`: the previous one's history, a line for this change, the spec."""
+    kept = [line for line in previous_text.splitlines() if line.startswith(HISTORY)]
+    when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    kept.append(f"{HISTORY}{when}: " + "; ".join(f"{p} {_shown(a)} -> {_shown(b)}" for p, a, b in changes))
+    return "\n".join(kept) + "\n" + new_yaml
+
+
+def history(text: str) -> list[str]:
+    """The accepted changes a `spec.yaml` records, oldest first."""
+    return [line[len(HISTORY):] for line in text.splitlines() if line.startswith(HISTORY)]
+
+
+def _shown(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()

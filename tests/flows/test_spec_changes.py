@@ -1,0 +1,52 @@
+"""A run's spec changes only with intent: what a resume may change, what it refuses, and
+the history `spec.yaml` keeps (README, "Resuming a run")."""
+
+import pytest
+import yaml
+
+from flows.spec import parse_spec
+from flows.spec_changes import described, differences, fixed, history
+from flows.train import prepare_run_dir  # a Prefect task: `.fn` is its function
+from tasks.runtime.failures import Unrecoverable
+
+
+def spec_of(tmp_path, *overrides):
+    return parse_spec("name: x\nlearner:\n  steps: 8\nsync:\n  interval: 4\n",
+                      [f"checkpoint.dir={tmp_path / 'run'}", *overrides])
+
+
+def test_differences_are_the_leaves_that_differ_in_order(tmp_path):
+    old, new = spec_of(tmp_path), spec_of(tmp_path, "learner.steps=16", "model.d_model=128")
+    changes = differences(yaml.safe_load(old.to_yaml()), yaml.safe_load(new.to_yaml()))
+    assert changes == [("model.d_model", 64, 128), ("learner.steps", 8, 16)]
+    assert fixed(changes) == [("model.d_model", 64, 128)]
+    assert described(changes) == "  model.d_model: 64 -> 128\n  learner.steps: 8 -> 16"
+
+
+def test_a_whole_fixed_section_and_a_field_beside_one_are_told_apart():
+    assert fixed([("data.source", "env", "/p.jsonl"), ("env.kwargs.values", 12, 16), ("env.latency_s", 0, 0.5),
+                  ("learner.optimizer.lr", 1e-3, 2e-3), ("learner.optimizer.max_grad_norm", 1.0, None)]) == [
+        ("data.source", "env", "/p.jsonl"), ("env.kwargs.values", 12, 16), ("learner.optimizer.max_grad_norm", 1.0, None)]
+
+
+def test_the_run_spec_keeps_a_history_of_accepted_changes(tmp_path):
+    logged = []
+    run_dir = prepare_run_dir.fn(spec_of(tmp_path), log=logged.append)
+    first = (run_dir / "spec.yaml").read_text()
+    prepare_run_dir.fn(spec_of(tmp_path), log=logged.append)  # the same spec: nothing to record
+    assert (run_dir / "spec.yaml").read_text() == first and not logged
+    prepare_run_dir.fn(spec_of(tmp_path, "learner.steps=16"), log=logged.append)
+    prepare_run_dir.fn(spec_of(tmp_path, "learner.steps=16", "learner.optimizer.lr=0.002"), log=logged.append)
+    text = (run_dir / "spec.yaml").read_text()
+    changes = history(text)
+    assert len(changes) == 2 and changes[0].endswith("learner.steps 8 -> 16")
+    assert changes[1].endswith("learner.optimizer.lr 0.0003 -> 0.002")
+    assert yaml.safe_load(text)["learner"]["steps"] == 16 and len(logged) == 2
+
+
+def test_a_change_the_checkpoints_depend_on_fails_before_the_run_spec_changes(tmp_path):
+    run_dir = prepare_run_dir.fn(spec_of(tmp_path), log=print)
+    before = (run_dir / "spec.yaml").read_text()
+    with pytest.raises(Unrecoverable, match="changes seed, model.n_layers"):
+        prepare_run_dir.fn(spec_of(tmp_path, "model.n_layers=3", "seed=1"), log=print)
+    assert (run_dir / "spec.yaml").read_text() == before
