@@ -63,7 +63,7 @@ def _replay(sample, prompt, spec, tokenizer):
         tokens, versions = tokens + observed, versions + [OBSERVATION] * len(observed)
 
 
-@pytest.mark.parametrize("overrides", [[], ["actors.max_new_tokens=3", "model.max_len=32"]],
+@pytest.mark.parametrize("overrides", [[], ["actors.max_new_tokens=3", "model.max_len=32", "learner.rows=64"]],
                          ids=["one-token actions", "three-token actions"])
 def test_episodes_match_the_actors_layout_and_the_models_logprobs(overrides):
     spec = load_spec(SPEC, overrides)
