@@ -221,9 +221,9 @@ def _new_or_continued(spec: Spec, fresh: bool) -> int | None:
         print(f"Starting anew; the previous run is now {shown(aside)}")
         return None
     if (run_dir / "spec.yaml").is_file():
-        from flows.spec_changes import described, differences
+        from flows.spec_changes import described, differences, resolved
 
-        changes = differences(yaml.safe_load((run_dir / "spec.yaml").read_text()), yaml.safe_load(spec.to_yaml()))
+        changes = differences(resolved((run_dir / "spec.yaml").read_text()), yaml.safe_load(spec.to_yaml()))
         if changes:
             print(f"{shown(run_dir)} holds a run of another spec; its spec is not changed by `tandem run`:\n"
                   f"{described(changes)}\n"
@@ -243,10 +243,10 @@ def _resumable(args, spec: Spec) -> int | None:
     depend on as it is; else says which fields they change, and the exit code."""
     if not args.overrides:
         return None
-    from flows.spec_changes import described, differences, fixed
+    from flows.spec_changes import described, differences, fixed, resolved
 
     run_dir = args.run_dir
-    refused = fixed(differences(yaml.safe_load((run_dir / "spec.yaml").read_text()), yaml.safe_load(spec.to_yaml())))
+    refused = fixed(differences(resolved((run_dir / "spec.yaml").read_text()), yaml.safe_load(spec.to_yaml())))
     if not refused:
         return None
     print(f"{shown(run_dir)}: a resumed run keeps what its checkpoints and ledger were made with; refused:\n"

@@ -23,15 +23,27 @@ FIXED = ("name", "seed", "model", "env.entrypoint", "env.kwargs", "data", "actor
 HISTORY = "# changed "  # how a line of the history begins
 
 
+def resolved(text: str) -> dict:
+    """A run's `spec.yaml` as this version of Tandem resolves it: a field added since the
+    run began reads as its default, not as a change (as the file read raw would)."""
+    from flows.spec import SpecError, parse_spec
+
+    try:
+        return yaml.safe_load(parse_spec(text).to_yaml())
+    except SpecError:  # no longer valid here: compared as written
+        return yaml.safe_load(text)
+
+
 def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(field path, old value, new value) of each leaf that differs between two resolved
-    specs (`Spec.to_yaml`, parsed), in the specs' order."""
+    specs (`Spec.to_yaml`, parsed), in the specs' order; a leaf on one side only is None
+    on the other."""
     out: list[tuple[str, Any, Any]] = []
 
     def walk(a: Any, b: Any, path: str) -> None:
-        if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-            for key in a:
-                walk(a[key], b[key], f"{path}.{key}" if path else key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in [*a, *(k for k in b if k not in a)]:
+                walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
         elif a != b:
             out.append((path, a, b))
 

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from flows.spec import parse_spec
-from flows.spec_changes import described, differences, fixed, history
+from flows.spec_changes import described, differences, fixed, history, resolved
 from flows.train import prepare_run_dir  # a Prefect task: `.fn` is its function
 from tasks.runtime.failures import Unrecoverable
 
@@ -50,3 +50,12 @@ def test_a_change_the_checkpoints_depend_on_fails_before_the_run_spec_changes(tm
     with pytest.raises(Unrecoverable, match="changes seed, model.n_layers"):
         prepare_run_dir.fn(spec_of(tmp_path, "model.n_layers=3", "seed=1"), log=print)
     assert (run_dir / "spec.yaml").read_text() == before
+
+
+def test_a_field_added_since_the_run_began_is_no_change(tmp_path):
+    """A run's spec.yaml written before a field existed reads it as its default."""
+    spec = spec_of(tmp_path)
+    older = "\n".join(line for line in spec.to_yaml().splitlines() if "qkv_bias" not in line)
+    assert differences(resolved(older), yaml.safe_load(spec.to_yaml())) == []
+    assert differences({"model": {"d_model": 64}}, {"model": {"d_model": 64, "qkv_bias": False}}) == [
+        ("model.qkv_bias", None, False)]  # read raw, the same file differs
