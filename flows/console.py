@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress as Bar, TextColumn
+from rich.table import Column
 
 from tasks.records.loggers import PROGRESS_LINE, Progress
 from tasks.runtime.interrupt import INTERRUPT, signal_name
@@ -134,9 +135,13 @@ class LiveDisplay:
         self.last: Progress | None = None
         self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
         self._printed: float | None = None  # when the last plain line was printed
-        self._bar = Bar(TextColumn("step {task.completed:.0f}/{task.total:.0f}"), BarColumn(bar_width=24),
-                        TextColumn("{task.description}"), console=console, refresh_per_second=4,
-                        disable=not console.is_terminal)
+        # The step and the bar keep their width; a status longer than the terminal is cut at its end.
+        step_width = len(f"step {total_steps}/{total_steps}")
+        self._bar = Bar(TextColumn("step {task.completed:.0f}/{task.total:.0f}",
+                                   table_column=Column(no_wrap=True, min_width=step_width)),
+                        BarColumn(bar_width=24, table_column=Column(no_wrap=True, min_width=24)),
+                        TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+                        console=console, refresh_per_second=4, disable=not console.is_terminal)
         self._task = self._bar.add_task("starting: Dask actors, the learner process, its first compile",
                                         total=total_steps)
 
@@ -166,9 +171,11 @@ class LiveDisplay:
         if p is None:
             return "starting: Dask actors, the learner process, its first compile"
         success = f"success {p.success_rate:.0%} | " if p.success_rate is not None else ""
+        if INTERRUPT.is_set():  # what matters now, short enough to stay whole on a terminal
+            return f"version {p.version} | {success}{self._interrupt_note()}"
         signs = "".join(f"{_warned(text) if warned else text} | " for text, warned in p.collapse_signs())
         return (f"version {p.version} | {success}reward {p.reward_mean:.2f} | {signs}buffered {p.buffered} | "
-                f"busy {p.learner_busy:.0%} | {self._eta()}{self._interrupt_note()}")
+                f"busy {p.learner_busy:.0%} | {self._eta()}")
 
     def _eta(self) -> str:
         """From the pace of the last steps; an upper bound where a success target may stop it earlier."""
@@ -182,10 +189,8 @@ class LiveDisplay:
     @staticmethod
     def _interrupt_note() -> str:
         if INTERRUPT.now:
-            return " | Ctrl-C twice: stopping at once"
-        if INTERRUPT.is_set():
-            return f" | {signal_name(INTERRUPT.signum)}: stopping at the next version (Ctrl-C again: at once)"
-        return ""
+            return "Ctrl-C twice: stopping at once"
+        return f"{signal_name(INTERRUPT.signum)}: stopping at the next version (Ctrl-C again: at once)"
 
 
 def _warned(text: str) -> str:

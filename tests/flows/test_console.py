@@ -4,6 +4,7 @@ log filter, the notice of a continued run and `--fresh`, the learner's stop on C
 
 import io
 import logging
+import re
 import signal
 
 import numpy as np
@@ -72,6 +73,20 @@ def test_display_says_what_a_ctrl_c_does():
     INTERRUPT.clear()
     INTERRUPT.request(signal.SIGTERM)  # what Slurm, Kubernetes and `timeout` send
     assert display.status().endswith("SIGTERM: stopping at the next version (Ctrl-C again: at once)")
+
+
+def test_the_live_line_stays_whole_on_a_terminal_after_a_ctrl_c():
+    """At 160 columns the step, the bar and what a Ctrl-C does all show, none cut ("step …")."""
+    out = io.StringIO()
+    with LiveDisplay(Console(file=out, width=160, force_terminal=True), total_steps=1000,
+                     stop_at_success=0.95) as display:
+        display.update(progress(250))
+        INTERRUPT.request()
+        display.refresh()
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue()).replace("\r", "\n").splitlines()
+    assert [line for line in shown if line.strip()][-1].startswith("step 250/1000")
+    assert [line for line in shown if line.strip()][-1].endswith(
+        "version 62 | success 25% | Ctrl-C: stopping at the next version (Ctrl-C again: at once)")
 
 
 def test_a_failure_reaches_the_terminal_once_without_its_traceback(tmp_path):
