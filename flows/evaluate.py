@@ -106,8 +106,13 @@ def eval_command(spec: Spec, version: int | None, *, every: bool, verbose: bool)
         return 1
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"Prefect UI: {ui_url(api_url)}")
-    with temporary_settings(updates={PREFECT_API_URL: api_url}), terminal_logging(console, verbose):
-        state = evaluate_run(spec, versions, return_state=True)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}), terminal_logging(console, verbose):
+            state = evaluate_run(spec, versions, return_state=True)
+    except KeyboardInterrupt:  # each version's scores are written as it finishes: nothing to undo
+        print(f"Interrupted (Ctrl-C); the versions evaluated before it are in {run_dir / 'eval' / 'scores.jsonl'}",
+              file=sys.stderr)
+        return 130
     if not state.is_completed():
         print(f"eval failed: {state.message}", file=sys.stderr)
         return 1

@@ -2,6 +2,7 @@
 then again after the fact with `tandem eval`, and their episodes shown with `tandem show`."""
 
 import json
+import shutil
 import time
 
 import pytest
@@ -10,7 +11,8 @@ from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRu
                                             FlowRunFilterId)
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
-from tests.conftest import tandem
+from tests.conftest import ROOT, tandem
+from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, Terminal
 
 pytestmark = pytest.mark.e2e
 
@@ -127,3 +129,18 @@ def test_greedy_eval_of_a_trained_policy_scores_at_least_its_sampled_training_su
     (last,) = scores(run_dir)
     assert last["step"] == steps[-1]["step"] and last["prompts"] == 12
     assert last["success_rate"] >= training_success
+
+
+def test_ctrl_c_during_tandem_eval_exits_130_without_a_traceback(evaluated_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(evaluated_run, run_dir)  # the module's run stays as its other tests read it
+    terminal = Terminal([TANDEM, "eval", str(run_dir), "--all"], env={"COLUMNS": "160", "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 120
+    while "Beginning flow run" not in terminal.output:  # its Dask cluster starts next, then the evaluations
+        assert terminal.process.poll() is None and time.monotonic() < deadline, terminal.output[-3000:]
+        time.sleep(0.1)
+    pressed = time.monotonic()
+    terminal.press(CTRL_C)
+    code = terminal.wait(timeout=60)
+    assert code == 130 and time.monotonic() - pressed <= 10, terminal.output[-3000:]
+    assert "Interrupted (Ctrl-C)" in terminal.output and "Traceback" not in terminal.output, terminal.output[-3000:]

@@ -29,6 +29,7 @@ class Env(GuessNumber):
 '''
 
 
+@pytest.mark.slow  # 21-26 s on 2 cores: CI's time (README, "The two commands")
 def test_an_environment_the_actors_cannot_import_fails_the_run_without_retries(prefect_api, tmp_path):
     (tmp_path / "missing_on_workers.py").write_text(MODULE)
     started = time.monotonic()

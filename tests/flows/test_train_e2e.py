@@ -103,6 +103,7 @@ def test_killed_run_resumes_from_its_last_version(prefect_api, tmp_path):
     assert balanced(accounting) and accounting["consumed"] == target * 4
 
 
+@pytest.mark.slow  # 29-39 s on 2 cores: CI's time (README, "The two commands")
 def test_sync_mode_trains_every_batch_on_the_weights_it_was_played_with(prefect_api, tmp_path):
     """The synchronous baseline: play a batch with the latest weights, train it for its
     steps (2 epochs here), publish once, repeat. No group is ever stale."""
