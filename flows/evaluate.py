@@ -6,6 +6,7 @@ the run's `actors` section; prints the scores as a table and writes it to
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tasks.eval.prompts import eval_prompts
 from tasks.eval.results import best_version, read_scores
 from tasks.eval.task import EvalCluster, EvalTarget, evaluate_version
 from tasks.records.episodes import EVAL_DIRECTORY, read_episodes
+from tasks.runtime.interrupt import blocking, deferred
 from tasks.runtime.version_weights import available_versions, version_weights
 
 COLUMNS = ("version", "step", "success_rate", "reward_mean", "length_mean", "turns_mean", "episodes", "aborted",
@@ -34,7 +36,12 @@ def evaluate_run(spec: Spec, versions: list[int]) -> list[dict]:
     prompts = eval_prompts(spec.eval, resolve_entrypoint(spec.env.entrypoint), spec.env.kwargs)
     setup = EvalSetup(spec.eval, spec.env, spec.actors, spec.model, tuple(prompts))
     lines = []
-    with actor_cluster(spec.actors) as address, contextlib.closing(EvalCluster(address)) as cluster:
+    with contextlib.ExitStack() as stack:
+        # A Ctrl-C while the cluster starts lands once it can be closed, and never reaches its
+        # workers: the terminal signals them too, and a worker closing by itself fails Dask's close.
+        with deferred(signal.SIGINT), blocking(signal.SIGINT):
+            address = stack.enter_context(actor_cluster(spec.actors))
+        cluster = stack.enter_context(contextlib.closing(EvalCluster(address)))
         for version in versions:
             params, step, checkpoint = version_weights(spec, version)
             target = EvalTarget(spec.name, run_dir, version, step, checkpoint)

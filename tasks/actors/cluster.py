@@ -3,7 +3,9 @@ or a cluster class (Slurm, Kubernetes, ...) that Tandem starts and scales."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 from typing import Iterator, Mapping
 
@@ -47,7 +49,30 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
         cluster = cluster_class(config.cluster)(**config.cluster_kwargs)
         cluster.scale(config.workers)
     with cluster:
-        yield cluster.scheduler_address
+        try:
+            yield cluster.scheduler_address
+        except BaseException:
+            if isinstance(cluster, LocalCluster):
+                _stop_workers_now(cluster)
+            raise
+
+
+def _stop_workers_now(cluster: LocalCluster) -> None:
+    """Kills a local cluster's workers, their work abandoned (a Ctrl-C, a failure). Dask's
+    own close retires a busy worker for seconds, its heartbeat meanwhile failing with a
+    traceback on the terminal; a worker killed says nothing, and neither does its nanny
+    (it warns that it had to kill it: here that is the point)."""
+
+    async def kill(nannies: list) -> None:
+        await asyncio.gather(*(n.close(timeout=0.1, reason="abandoned") for n in nannies), return_exceptions=True)
+
+    nanny_log = logging.getLogger("distributed.nanny")
+    level, nanny_log.level = nanny_log.level, logging.ERROR
+    try:
+        with contextlib.suppress(Exception):
+            cluster.sync(kill, list(cluster.workers.values()))
+    finally:
+        nanny_log.setLevel(level)
 
 
 # The share of the machine's memory the local cluster's workers get in all, unless

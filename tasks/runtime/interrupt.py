@@ -106,3 +106,24 @@ def blocking(*signums: int) -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def deferred(signum: int) -> Iterator[None]:
+    """Holds `signum` back from its handler while the block runs, and handles it as the block
+    ends. For a block that an exception midway would leave with nothing to undo it: a
+    KeyboardInterrupt inside `LocalCluster(...)` leaves its processes to Dask's exit hook,
+    which fails on workers already closing. Blocking the signal would not do: a thread that
+    does not block it takes it, and Python raises in the main thread all the same. Handlers
+    belong to the main thread: elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signum, lambda received, _: caught.append(received))
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+    if caught:
+        signal.raise_signal(signum)

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from tasks.runtime.interrupt import INTERRUPT, Interrupt, blocking
+from tasks.runtime.interrupt import INTERRUPT, Interrupt, blocking, deferred
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -161,3 +161,20 @@ def test_a_learner_process_ends_with_the_process_that_started_it(tmp_path, ignor
         with contextlib.suppress(psutil.Error):
             learner.kill()
         task.join()
+
+
+def test_a_deferred_ctrl_c_is_raised_as_the_block_ends_not_inside_it():
+    finished = False
+    with pytest.raises(KeyboardInterrupt):
+        with deferred(signal.SIGINT):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the handler has run by now: a raising one would have raised here
+            finished = True
+    assert finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_block_without_a_signal_runs_as_it_is():
+    with deferred(signal.SIGINT):
+        pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
