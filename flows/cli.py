@@ -18,12 +18,11 @@ import atexit
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
 from pathlib import Path
-
-import yaml
 
 from flows.spec import Spec, SpecError, SpecIssue, load_spec
 
@@ -221,15 +220,16 @@ def _new_or_continued(spec: Spec, fresh: bool) -> int | None:
         print(f"Starting anew; the previous run is now {shown(aside)}")
         return None
     if (run_dir / "spec.yaml").is_file():
-        from flows.spec_changes import described, differences, resolved
+        from flows.spec_changes import changes_from, described, yaml_value
 
-        changes = differences(resolved((run_dir / "spec.yaml").read_text()), yaml.safe_load(spec.to_yaml()))
+        changes = changes_from((run_dir / "spec.yaml").read_text(), spec.to_yaml())
         if changes:
             print(f"{shown(run_dir)} holds a run of another spec; its spec is not changed by `tandem run`:\n"
                   f"{described(changes)}\n"
                   f"Either start anew there: add --fresh (the old run is kept as {shown(run_dir)}.N); or continue "
                   f"that run with the changes a resume may take: {tandem_command()} resume {shown(run_dir)} "
-                  + " ".join(f"--set {path}={_yaml_value(b)}" for path, _, b in changes), file=sys.stderr)
+                  + " ".join("--set " + shlex.quote(f"{path}={yaml_value(b)}") for path, _, b in changes),
+                  file=sys.stderr)
             return BAD_SPEC
     if version is not None:
         print(f"{shown(run_dir)} holds a run (checkpoint of version {version}, step "
@@ -243,21 +243,16 @@ def _resumable(args, spec: Spec) -> int | None:
     depend on as it is; else says which fields they change, and the exit code."""
     if not args.overrides:
         return None
-    from flows.spec_changes import described, differences, fixed, resolved
+    from flows.spec_changes import changes_from, described, fixed
 
     run_dir = args.run_dir
-    refused = fixed(differences(resolved((run_dir / "spec.yaml").read_text()), yaml.safe_load(spec.to_yaml())))
+    refused = fixed(changes_from((run_dir / "spec.yaml").read_text(), spec.to_yaml()))
     if not refused:
         return None
     print(f"{shown(run_dir)}: a resumed run keeps what its checkpoints and ledger were made with; refused:\n"
           f"{described(refused)}\nTrain such a spec as a new run (tandem run SPEC --fresh, or another checkpoint.dir).",
           file=sys.stderr)
     return BAD_SPEC
-
-
-def _yaml_value(value) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
-    return text if " " not in text else repr(text)
 
 
 def _run(spec: Spec) -> int:

@@ -34,6 +34,11 @@ def resolved(text: str) -> dict:
         return yaml.safe_load(text)
 
 
+def changes_from(spec_text: str, new_yaml: str) -> list[tuple[str, Any, Any]]:
+    """What a spec (`Spec.to_yaml`) changes in the run whose `spec.yaml` reads `spec_text`."""
+    return differences(resolved(spec_text), yaml.safe_load(new_yaml))
+
+
 def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(field path, old value, new value) of each leaf that differs between two resolved
     specs (`Spec.to_yaml`, parsed), in the specs' order; a leaf on one side only is None
@@ -57,14 +62,14 @@ def fixed(changes: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
 
 
 def described(changes: list[tuple[str, Any, Any]]) -> str:
-    return "\n".join(f"  {path}: {_shown(a)} -> {_shown(b)}" for path, a, b in changes)
+    return "\n".join(f"  {path}: {yaml_value(a)} -> {yaml_value(b)}" for path, a, b in changes)
 
 
 def with_history(previous_text: str, changes: list[tuple[str, Any, Any]], new_yaml: str) -> str:
     """The new `spec.yaml`: the previous one's history, a line for this change, the spec."""
     kept = [line for line in previous_text.splitlines() if line.startswith(HISTORY)]
     when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    kept.append(f"{HISTORY}{when}: " + "; ".join(f"{p} {_shown(a)} -> {_shown(b)}" for p, a, b in changes))
+    kept.append(f"{HISTORY}{when}: " + "; ".join(f"{p} {yaml_value(a)} -> {yaml_value(b)}" for p, a, b in changes))
     return "\n".join(kept) + "\n" + new_yaml
 
 
@@ -73,5 +78,6 @@ def history(text: str) -> list[str]:
     return [line[len(HISTORY):] for line in text.splitlines() if line.startswith(HISTORY)]
 
 
-def _shown(value: Any) -> str:
+def yaml_value(value: Any) -> str:
+    """A field's value as `--set` takes it: YAML in one line (`[1, 2]`, `{a: 1}`, `null`)."""
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()

@@ -8,7 +8,6 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
@@ -19,7 +18,7 @@ from prefect.states import Cancelled, Crashed
 from flows.evaluate import eval_summary
 from flows.report import publish_report
 from flows.spec import Spec
-from flows.spec_changes import described, differences, fixed, resolved, with_history
+from flows.spec_changes import changes_from, described, fixed, with_history
 from tasks.actors.cluster import actor_cluster
 from tasks.records.atomic import write_text_atomic
 from tasks.runtime.failures import Unrecoverable
@@ -40,7 +39,7 @@ def prepare_run_dir(spec: Spec, log: Callable[[str], None] = print) -> Path:
         write_text_atomic(spec_file, text)
         return run_dir
     previous = spec_file.read_text()
-    changes = differences(resolved(previous), yaml.safe_load(text))
+    changes = changes_from(previous, text)
     if refused := fixed(changes):
         raise Unrecoverable(f"{spec_file}: a resumed run keeps what its checkpoints and ledger were made with; "
                             f"this spec changes {', '.join(path for path, _, _ in refused)}")
