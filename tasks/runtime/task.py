@@ -295,6 +295,7 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
         return
     pid_file.write_text(str(os.getpid()))
     sys.unraisablehook = functools.partial(_unraisable_to, run_dir / LOG_FILE)
+    failed = False
     try:
         multihost.initialize(spec.learner.hosts, environ)
         with Client(scheduler_address) as client:
@@ -315,8 +316,6 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
     except BaseException as e:  # stopped at once: SystemExit from `_take_signals`
         events.put(("error", (f"{type(e).__name__}: {e}", permanent(e))))
         raise
-    else:
-        failed = False
     finally:
         pid_file.unlink(missing_ok=True)
         events.close()

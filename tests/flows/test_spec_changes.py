@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from flows.spec import parse_spec
-from flows.spec_changes import described, differences, fixed, history, resolved
+from flows.spec_changes import changes_from, described, differences, fixed, history, yaml_value
 from flows.train import prepare_run_dir  # a Prefect task: `.fn` is its function
 from tasks.runtime.failures import Unrecoverable
 
@@ -56,6 +56,11 @@ def test_a_field_added_since_the_run_began_is_no_change(tmp_path):
     """A run's spec.yaml written before a field existed reads it as its default."""
     spec = spec_of(tmp_path)
     older = "\n".join(line for line in spec.to_yaml().splitlines() if "qkv_bias" not in line)
-    assert differences(resolved(older), yaml.safe_load(spec.to_yaml())) == []
+    assert changes_from(older, spec.to_yaml()) == []
     assert differences({"model": {"d_model": 64}}, {"model": {"d_model": 64, "qkv_bias": False}}) == [
         ("model.qkv_bias", None, False)]  # read raw, the same file differs
+
+
+def test_a_value_is_shown_as_set_takes_it():
+    assert [yaml_value(v) for v in ([1, 2], {"a": 1}, None, 0.5, "a b", True)] == [
+        "[1, 2]", "{a: 1}", "null", "0.5", "a b", "true"]
