@@ -1,17 +1,24 @@
-"""Soak (not in CI): the default spec trained under random kills, then checked for anything
+"""Soak (not in CI): the default spec trained under random faults, then checked for anything
 lost or trained twice.
 
-    python benchmarks/soak.py                        # one hour, a kill every 5 minutes
-    python benchmarks/soak.py --minutes 6 --every 2  # a short check
+    python benchmarks/soak.py                        # one hour, a fault every 5 minutes
+    python benchmarks/soak.py --minutes 12 --every 2  # a short check
 
 `specs/guess-number.yaml` runs with no success target, no entry filter and more steps than
-the time allows, on a Prefect server of its own. Every `--every` minutes one of these is killed, in a
-random order that takes each once in every three kills:
+the time allows, on a Prefect server of its own, its environment `games.stall:Stall`
+(guess-number whose step hangs on cue). Every `--every` minutes one of these faults comes,
+in a random order that takes each once in every six:
   worker   kill -9 of a Dask worker process of the local cluster (its nanny restarts it);
   learner  kill -9 of the learner process (Prefect retries the learner task, which resumes);
-  run      kill of the whole `tandem run` process group, then `tandem resume RUN_DIR`, as
+  run      kill -9 of the whole `tandem run` process group, then `tandem resume RUN_DIR`, as
            a user would (so is any `tandem` that exits early: a learner killed a third
-           time in one flow run exhausts the task's retries).
+           time in one flow run exhausts the task's retries);
+  sigterm  SIGTERM to `tandem run` alone (what `timeout` sends): it must exit 143 within
+           `SIGTERM_S`, no process of it left, then `tandem resume`;
+  server   kill -9 of the Prefect server, restarted `SERVER_DOWN_S` later on its port: the
+           run trains on, its records reach the server once it is back;
+  hang     one environment call hangs for `HANG_S`, past `env.step_timeout_s`: its group is
+           aborted and retried.
 When the time is up, the run is stopped the same way as `run` and resumed with
 `learner.steps` a few dozen steps past its latest checkpoint, so that it finishes. Then the
 figures, from `metrics.jsonl`, `accounting.json` and the latest checkpoint's record:
@@ -20,13 +27,15 @@ figures, from `metrics.jsonl`, `accounting.json` and the latest checkpoint's rec
   prompts_lost    prompts drawn that are nowhere: not trained, not excluded for good, not
                   in flight, buffered or waiting
 and whether the accounting balances, the steps run 1..N without a gap, the checkpoint's
-record agrees with the metrics, and the run finished (exit 0 at `learner.steps`).
+record agrees with the metrics, the run finished (exit 0 at `learner.steps`), each SIGTERM
+exited 143 in time leaving no process, and no flow run of the soak is left Running.
 Logs of each `tandem` go to RUN_DIR.logs/; the figures to RUN_DIR.logs/soak.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -51,6 +60,11 @@ from tests.conftest import free_port
 TANDEM = str(Path(sys.executable).parent / "tandem")
 SPEC = "specs/guess-number.yaml"
 FINAL_STEPS = 40  # steps trained after the last resume, at least: the run's end
+KINDS = ("worker", "learner", "run", "sigterm", "server", "hang")
+SIGTERM_S = 120  # a SIGTERM'd run checkpoints its next version and exits within this
+SERVER_DOWN_S = 30  # the Prefect server's outage
+HANG_S = 90  # an environment call's hang: past `env.step_timeout_s` (STEP_TIMEOUT_S)
+STEP_TIMEOUT_S = 10
 
 
 @dataclasses.dataclass
@@ -60,16 +74,32 @@ class Soak:
     run_dir: Path
     env: dict
     rng: random.Random
+    port: int  # the Prefect server's
+    server: subprocess.Popen | None = None
     process: subprocess.Popen | None = None
     target: int | None = None  # learner.steps of the last resume: where the run must end
     launches: int = 0
-    kills: dict = dataclasses.field(default_factory=lambda: {"worker": 0, "learner": 0, "run": 0})
+    kills: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     early_exits: list = dataclasses.field(default_factory=list)  # exit codes of runs that ended unasked
+    sigterms: list = dataclasses.field(default_factory=list)  # per SIGTERM: exit code, seconds, processes left
     _bag: list = dataclasses.field(default_factory=list)  # kinds left to kill in this round
+
+    @property
+    def logs(self) -> Path:
+        return self.run_dir.with_suffix(".logs")
+
+    @property
+    def cue(self) -> Path:
+        """The file whose presence makes the next environment step hang (`games.stall`)."""
+        return self.logs / "hang-cue"
+
+    def start_server(self) -> str:
+        url, self.server = start_local_server(self.port, home=self.logs / "prefect")
+        return url
 
     def launch(self, *args: str) -> None:
         self.launches += 1
-        with open(self.run_dir.with_suffix(".logs") / f"tandem-{self.launches}.log", "w") as log:
+        with open(self.logs / f"tandem-{self.launches}.log", "w") as log:
             self.process = subprocess.Popen([TANDEM, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                             env=self.env, start_new_session=True)
         print(f"[{time.strftime('%H:%M:%S')}] tandem {args[0]} (log tandem-{self.launches}.log)", flush=True)
@@ -78,25 +108,57 @@ class Soak:
         self.launch("resume", str(self.run_dir), *(a for o in overrides for a in ("--set", o)))
 
     def next_kind(self) -> str:
-        """The next kind to kill: each of the three once per round, in a random order (so
-        that a short soak sees all three)."""
+        """The next fault: each kind once per round, in a random order (so that a short
+        soak sees them all)."""
         if not self._bag:
-            self._bag = self.rng.sample(["worker", "learner", "run"], 3)
+            self._bag = self.rng.sample(KINDS, len(KINDS))
         return self._bag.pop()
 
     def kill(self, kind: str) -> None:
-        """Kills a `kind` ("worker", "learner", "run"); a kind with nothing to kill right now
-        (a learner between retries, say) gives way to killing the run."""
-        victim = {"worker": self._worker, "learner": self._learner, "run": lambda: None}[kind]()
-        if victim is None:
+        """Brings a fault of `kind`; a process kind with nothing to kill right now (a learner
+        between retries, say) gives way to killing the run."""
+        victim = {"worker": self._worker, "learner": self._learner}.get(kind, lambda: None)()
+        if kind in ("worker", "learner") and victim is None:
             kind = "run"
         self.kills[kind] += 1
-        print(f"[{time.strftime('%H:%M:%S')}] kill {kind}" + (f" (pid {victim.pid})" if victim else ""), flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] {kind}" + (f" (pid {victim.pid})" if victim else ""), flush=True)
         if kind == "run":
             self.stop()
             self.resume()
+        elif kind == "sigterm":
+            self.terminate()
+            self.resume()
+        elif kind == "server":
+            os.killpg(self.server.pid, signal.SIGKILL)
+            self.server.wait()
+            time.sleep(SERVER_DOWN_S)
+            self.start_server()
+        elif kind == "hang":
+            self.cue.touch()
         else:
             victim.kill()
+
+    def terminate(self) -> None:
+        """SIGTERM to `tandem run` alone; records its exit code, how long it took, and how
+        many of its processes are left a few seconds after it (then killed)."""
+        group = [self.process.pid] + [p.pid for p in self._descendants()]
+        start = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=SIGTERM_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        seconds = round(time.monotonic() - start, 1)
+        time.sleep(5)
+        left = [p for p in map(_process, group) if p is not None and p.status() != psutil.STATUS_ZOMBIE]
+        self.sigterms.append({"exit_code": code, "seconds": seconds, "processes_left": len(left)})
+        print(f"[{time.strftime('%H:%M:%S')}] SIGTERM: exit {code} after {seconds}s, {len(left)} processes left",
+              flush=True)
+        if code is None or left:
+            self.stop()
+            for p in left:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
 
     def stop(self) -> None:
         """Kills the `tandem` process group, and waits until none of it is left."""
@@ -151,14 +213,15 @@ def _process(pid: int) -> psutil.Process | None:
         return None
 
 
-def soak(run_dir: Path, minutes: float, every: float, seed: int, env: dict) -> Soak:
-    """Trains for `minutes` with a kill every `every` minutes, then brings the run to its end."""
-    state = Soak(run_dir, env, random.Random(seed))
+def soak(state: Soak, minutes: float, every: float) -> None:
+    """Trains for `minutes` with a fault every `every` minutes, then brings the run to its end."""
     # No entry filter: the policy reaches 100% success within minutes, after which the
     # zero-variance filter drops nearly every group and the soak would train few steps.
     state.launch("run", SPEC, "--set", "learner.stop_at_success=null", "--set", "learner.steps=1000000",
-                 "--set", "buffer.filters=[]",
-                 "--set", "checkpoint.keep=5", "--set", f"checkpoint.dir={run_dir}")
+                 "--set", "buffer.filters=[]", "--set", "env.entrypoint=games.stall:Stall",
+                 "--set", f"env.kwargs={{values: 12, max_guesses: 4, cue: '{state.cue}', hang_s: {HANG_S}}}",
+                 "--set", f"env.step_timeout_s={STEP_TIMEOUT_S}",
+                 "--set", "checkpoint.keep=5", "--set", f"checkpoint.dir={state.run_dir}")
     start = time.monotonic()
     kill_at = start + every * 60
     while time.monotonic() < start + minutes * 60:
@@ -168,13 +231,12 @@ def soak(run_dir: Path, minutes: float, every: float, seed: int, env: dict) -> S
             kill_at += every * 60
         time.sleep(1.0)
     state.stop()
-    latest = _latest_checkpoint(run_dir)
-    interval = load_spec(run_dir / "spec.yaml").sync.interval  # learner.steps must be a multiple of it
+    latest = _latest_checkpoint(state.run_dir)
+    interval = load_spec(state.run_dir / "spec.yaml").sync.interval  # learner.steps must be a multiple of it
     state.target = -(-((latest[1]["step"] if latest else 0) + FINAL_STEPS) // interval) * interval
     print(f"[{time.strftime('%H:%M:%S')}] time is up: finishing at step {state.target}", flush=True)
     state.resume(f"learner.steps={state.target}")
     state.process.wait(timeout=1800)
-    return state
 
 
 def _latest_checkpoint(run_dir: Path) -> tuple[int, dict] | None:
@@ -208,7 +270,24 @@ def figures(run_dir: Path, state: Soak) -> dict:
         "exit_code": state.process.returncode, "kills": state.kills, "launches": state.launches,
         "early_exits": state.early_exits, "excluded": accounting["excluded"], "retried": accounting["retried"],
         "learner_sessions_failed_and_retried": _count_in_logs(run_dir, "stopping the actors of learner session"),
+        "sigterms": state.sigterms, "hangs_taken": len(list(state.logs.glob("hang-cue.taken-*"))),
+        "flow_runs": _flow_run_states(state),
     }
+
+
+def _flow_run_states(state: Soak) -> dict:
+    """How many of the soak's flow runs end in each state: none may be left Running."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: state.env["PREFECT_API_URL"]}), \
+            get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(limit=200)
+    counts: dict = {}
+    for run in runs:
+        name = run.state.name if run.state else "none"
+        counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _count_in_logs(run_dir: Path, text: str) -> int:
@@ -226,19 +305,25 @@ def main() -> int:
     if run_dir.exists():
         parser.error(f"{run_dir} exists: remove it, or name another with --run-dir")
     run_dir.with_suffix(".logs").mkdir(parents=True, exist_ok=True)
-    url, server = start_local_server(free_port(), home=run_dir.with_suffix(".logs") / "prefect")
+    # The runs' Dask workers import `games.stall` from here, as they would a user's environment module.
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))
+    state = Soak(run_dir, {}, random.Random(args.seed), port=free_port())
+    url = state.start_server()
+    state.env = {**os.environ, "PREFECT_API_URL": url, "PYTHONPATH": pythonpath}
     try:
-        state = soak(run_dir, args.minutes, args.every, args.seed, {**os.environ, "PREFECT_API_URL": url})
+        soak(state, args.minutes, args.every)
+        result = figures(run_dir, state)
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
-    result = figures(run_dir, state)
+        if state.server is not None:
+            state.server.terminate()
+            state.server.wait(timeout=30)
     (run_dir.with_suffix(".logs") / "soak.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     sound = (result["finished"] and result["accounting_balanced"] and result["steps_contiguous"]
              and not result["steps_twice"] and not result["trained_twice"] and not result["prompts_lost"]
-             and result["consumed_matches_metrics"] and result["checkpoint"]["consumed_matches_metrics"])
+             and result["consumed_matches_metrics"] and result["checkpoint"]["consumed_matches_metrics"]
+             and all(t["exit_code"] == 143 and not t["processes_left"] for t in result["sigterms"])
+             and not result["flow_runs"].get("Running"))
     return 0 if sound else 1
 
 
