@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from flows.spec import Spec, SpecError, SpecIssue, load_spec
+from tasks.run_dir import RunDir
 
 BAD_SPEC = 2
 SHORT_OF_TARGET = 3  # a plateau or no learning signal (`tasks.runtime.stopping`)
@@ -78,9 +79,9 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "resume":
         if (code := _resumable(args, spec)) is not None:
             return code
-        if (version := latest_version(spec.run_dir)) is not None:
+        if (version := RunDir(spec.run_dir).latest_version()) is not None:
             print(f"Resuming {shown(spec.run_dir)} from its checkpoint of version {version} "
-                  f"(step {checkpoint_step(spec.run_dir, version)})")
+                  f"(step {RunDir(spec.run_dir).checkpoint_step(version)})")
     if args.command == "run" and (code := _new_or_continued(spec, fresh=args.fresh)) is not None:
         return code
     return _run(spec)
@@ -193,11 +194,11 @@ def _spec(args: argparse.Namespace) -> Spec:
         if outside:
             raise SpecError("--set", [SpecIssue(o.partition("=")[0], None, "tandem eval sets only eval.* fields")
                                       for o in outside])
-        return load_spec(args.run_dir / "spec.yaml",
+        return load_spec(RunDir(args.run_dir).spec,
                          [*getattr(args, "overrides", []), f"checkpoint.dir={args.run_dir.resolve()}"])
     if args.command == "resume":
         # The run directory is where the spec was found, wherever the run was started from.
-        return load_spec(args.run_dir / "spec.yaml",
+        return load_spec(RunDir(args.run_dir).spec,
                          [*args.overrides, f"checkpoint.dir={args.run_dir.resolve()}"])
     return load_spec(args.spec, args.overrides)
 
@@ -206,7 +207,7 @@ def _new_or_continued(spec: Spec, fresh: bool) -> int | None:
     """`tandem run` on a run directory in use: continues that run if `spec` is its spec, or
     (`fresh`) moves that run aside; else the exit code of a refusal (a running learner's
     directory, or another spec: a run's spec changes only with intent, `flows.spec_changes`)."""
-    run_dir, version = spec.run_dir, latest_version(spec.run_dir)
+    run_dir, version = spec.run_dir, RunDir(spec.run_dir).latest_version()
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return None
     from tasks.runtime.task import run_dir_locked
@@ -219,10 +220,10 @@ def _new_or_continued(spec: Spec, fresh: bool) -> int | None:
         run_dir.rename(aside)
         print(f"Starting anew; the previous run is now {shown(aside)}")
         return None
-    if (run_dir / "spec.yaml").is_file():
+    if RunDir(run_dir).spec.is_file():
         from flows.spec_changes import changes_from, described, yaml_value
 
-        changes = changes_from((run_dir / "spec.yaml").read_text(), spec.to_yaml())
+        changes = changes_from(RunDir(run_dir).spec.read_text(), spec.to_yaml())
         if changes:
             print(f"{shown(run_dir)} holds a run of another spec; its spec is not changed by `tandem run`:\n"
                   f"{described(changes)}\n"
@@ -233,7 +234,7 @@ def _new_or_continued(spec: Spec, fresh: bool) -> int | None:
             return BAD_SPEC
     if version is not None:
         print(f"{shown(run_dir)} holds a run (checkpoint of version {version}, step "
-              f"{checkpoint_step(run_dir, version)}): continuing it. To start anew: add --fresh "
+              f"{RunDir(run_dir).checkpoint_step(version)}): continuing it. To start anew: add --fresh "
               f"(the old run is kept as {shown(run_dir)}.N)")
     return None
 
@@ -246,7 +247,7 @@ def _resumable(args, spec: Spec) -> int | None:
     from flows.spec_changes import changes_from, described, fixed
 
     run_dir = args.run_dir
-    refused = fixed(changes_from((run_dir / "spec.yaml").read_text(), spec.to_yaml()))
+    refused = fixed(changes_from(RunDir(run_dir).spec.read_text(), spec.to_yaml()))
     if not refused:
         return None
     print(f"{shown(run_dir)}: a resumed run keeps what its checkpoints and ledger were made with; refused:\n"
@@ -333,13 +334,12 @@ def _train(spec: Spec, console):
     from flows.server import ServerKeeper, local_port
     from flows.train import train
     from tasks.records.loggers import PROGRESS_FEED
-    from tasks.runtime.task import LOG_FILE
 
     # The local server this project runs is started again if it dies mid-run (`ServerKeeper`).
     keeper = (ServerKeeper(local_port(), logging.getLogger("tandem.server").warning)
               if origin in ("started", "running") else contextlib.nullcontext())
     with (temporary_settings(updates={PREFECT_API_URL: api_url}),
-          terminal_logging(console, _verbose, log_file=spec.run_dir / LOG_FILE), keeper,
+          terminal_logging(console, _verbose, log_file=RunDir(spec.run_dir).log), keeper,
           LiveDisplay(console, spec.learner.steps, spec.learner.stop_at_success) as display,
           PROGRESS_FEED.subscribed(display.update)):
         _stage = "training"
@@ -355,9 +355,7 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
     if INTERRUPT.is_set() or state.is_cancelled():  # Cancelled alone: the learner process had a SIGTERM
         return _interrupted(console, spec, last, seconds, INTERRUPT.signum or signal.SIGTERM)
     if not state.is_completed():
-        from tasks.runtime.task import LOG_FILE
-
-        print(f"run failed: {failure(state)}\n(the whole log, tracebacks included: {shown(spec.run_dir / LOG_FILE)})",
+        print(f"run failed: {failure(state)}\n(the whole log, tracebacks included: {shown(RunDir(spec.run_dir).log)})",
               file=sys.stderr)
         return 1
     from flows.train import ended
@@ -381,22 +379,14 @@ def _interrupted(console, spec: Spec, last, seconds: float, signum: int) -> int:
     shell reports a process that `signum` ended (130 for Ctrl-C, 143 for SIGTERM)."""
     from tasks.runtime.interrupt import signal_name
 
-    version = latest_version(spec.run_dir)
-    step = checkpoint_step(spec.run_dir, version) if version is not None else 0
+    version = RunDir(spec.run_dir).latest_version()
+    step = RunDir(spec.run_dir).checkpoint_step(version) if version is not None else 0
     where = f"its checkpoint of version {version} (step {step})" if version is not None else "the start"
     again = f"; steps {step + 1}-{last.step} are trained again" if last and last.step > step else ""
     console.print(f"Interrupted ({signal_name(signum)}) after {_minutes(seconds)}; "
                   f"the run resumes from {where}{again}.")
     console.print(f"Resume with: {tandem_command()} resume {shown(spec.run_dir)}")
     return 128 + signum
-
-
-def latest_version(run_dir: Path) -> int | None:
-    """The run directory's latest committed checkpoint (Orbax's temporary ones are named
-    N.orbax-checkpoint-tmp-...)."""
-    checkpoints = run_dir / "checkpoints"
-    versions = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.is_dir() else []
-    return max(versions, default=None)
 
 
 FAILURE_CHARS = 600  # the terminal's account of a failure: a few lines, the log file has the rest
@@ -410,17 +400,6 @@ def failure(state) -> str:
     message = str(error) if isinstance(error, BaseException) and str(error) else str(state.message)
     message = message.removeprefix("learner failed: ")
     return message if len(message) <= FAILURE_CHARS else message[: FAILURE_CHARS - 1] + "…"
-
-
-def checkpoint_step(run_dir: Path, version: int) -> int:
-    """The step a checkpointed version was published at, as its checkpoint records it."""
-    from tasks.runtime.checkpoints import Checkpoints
-
-    checkpoints = Checkpoints(run_dir / "checkpoints", keep=None)
-    try:
-        return checkpoints.record(version)["step"]
-    finally:
-        checkpoints.close()
 
 
 def tandem_command() -> str:

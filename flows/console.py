@@ -21,9 +21,8 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress as Bar, TextColumn
 from rich.table import Column
 
-from tasks.records.loggers import PROGRESS_LINE, Progress
+from tasks.records.loggers import Progress, is_routine
 from tasks.runtime.interrupt import INTERRUPT, signal_name
-from tasks.runtime.task_records import EVAL_LINE
 
 CHATTY = "distributed"  # INFO on every connection, worker and shutdown step: WARNING unless verbose
 
@@ -38,8 +37,8 @@ class Routine(logging.Filter):
         if record.levelno >= logging.WARNING:
             return True
         message = record.getMessage()
-        return not (message.startswith(("Finished in state Completed", "Finished in state Cancelled"))
-                    or PROGRESS_LINE.match(message) or EVAL_LINE.match(message))
+        return not (is_routine(record)
+                    or message.startswith(("Finished in state Completed", "Finished in state Cancelled")))
 
 
 class OnceAndShort(logging.Filter):

@@ -19,9 +19,10 @@ from tasks.actors.cluster import actor_cluster
 from tasks.actors.envs import resolve_entrypoint
 from tasks.eval.play import EvalSetup
 from tasks.eval.prompts import eval_prompts
-from tasks.eval.results import best_version, read_scores
+from tasks.eval.results import best_version, read_scores, scores_path
 from tasks.eval.task import EvalCluster, EvalTarget, evaluate_version
-from tasks.records.episodes import EVAL_DIRECTORY, read_episodes
+from tasks.records.episodes import eval_episodes_path, read_episodes
+from tasks.run_dir import RunDir
 from tasks.runtime.interrupt import blocking, deferred
 from tasks.runtime.version_weights import available_versions, version_weights
 
@@ -69,7 +70,7 @@ def eval_summary(run_dir: Path, episodes: int = 2) -> str:
     best = best_version(scores)
     if best is None:
         return ""
-    path = run_dir / EVAL_DIRECTORY / f"v{best['version']}.jsonl"
+    path = eval_episodes_path(run_dir, best["version"])
     shown = "\n\n".join(transcript(r) for r in read_episodes(path)[:episodes]) if path.exists() else ""
     return (f"\n## Evaluation\n\nBest version by eval score: **{best['version']}** "
             f"(step {best['step']}): success {best['success_rate']:.0%}, reward {best['reward_mean']:.3f} over "
@@ -117,14 +118,15 @@ def eval_command(spec: Spec, version: int | None, *, every: bool, verbose: bool)
         with temporary_settings(updates={PREFECT_API_URL: api_url}), terminal_logging(console, verbose):
             state = evaluate_run(spec, versions, return_state=True)
     except KeyboardInterrupt:  # each version's scores are written as it finishes: nothing to undo
-        print(f"Interrupted (Ctrl-C); the versions evaluated before it are in {run_dir / 'eval' / 'scores.jsonl'}",
+        print(f"Interrupted (Ctrl-C); the versions evaluated before it are in {scores_path(run_dir)}",
               file=sys.stderr)
         return 130
     if not state.is_completed():
         print(f"eval failed: {state.message}", file=sys.stderr)
         return 1
     text = table(read_scores(run_dir))
-    (run_dir / "eval" / "table.md").write_text(text)
+    table_path = RunDir(run_dir).eval / "table.md"
+    table_path.write_text(text)
     print(text, end="")
-    print(f"Written to {run_dir / 'eval' / 'table.md'}; episodes: tandem show {run_dir} --eval --version N")
+    print(f"Written to {table_path}; episodes: tandem show {run_dir} --eval --version N")
     return 0

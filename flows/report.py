@@ -24,6 +24,7 @@ from tasks.records.artifacts import record_summary
 from tasks.records.metrics_log import MetricsLog
 from tasks.records.tensorboard import rewrite_eval_events, rewrite_events
 from tasks.records.warnings import ENTROPY_WARN, FILTERED_WARN, first_crossing
+from tasks.run_dir import RunDir
 
 # A Figure made without pyplot renders through matplotlib's Agg canvas: no display,
 # no global figure state, safe in worker threads.
@@ -217,11 +218,11 @@ def _filtered_line(records: list[dict]) -> str | None:
 
 def read_run(run_dir: Path) -> tuple[list[dict], list[dict], dict | None]:
     """The run's step records, eval records and `accounting.json` (None if not written yet)."""
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    metrics = MetricsLog(RunDir(run_dir).metrics)
     records, evals = metrics.read(), metrics.read_evals()
     if not records:
-        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'}: no metrics recorded")
-    accounting_file = run_dir / "accounting.json"
+        raise FileNotFoundError(f"{RunDir(run_dir).metrics}: no metrics recorded")
+    accounting_file = RunDir(run_dir).accounting
     accounting = json.loads(accounting_file.read_text()) if accounting_file.exists() else None
     return records, evals, accounting
 
@@ -234,13 +235,13 @@ def write_report(run_dir: Path) -> dict[str, bytes]:
 
 def _write_report(run_dir: Path, records: list[dict], evals: list[dict], accounting: dict | None) -> dict[str, bytes]:
     pngs = render_plots(records, accounting, evals)
-    out = run_dir / "report"
+    out = RunDir(run_dir).report
     out.mkdir(exist_ok=True)
     for name, png in pngs.items():
         (out / f"{name}.png").write_bytes(png)
-    rewrite_events(run_dir / "tensorboard", records)
+    rewrite_events(RunDir(run_dir).tensorboard, records)
     if evals:
-        rewrite_eval_events(run_dir / "tensorboard" / "eval", evals)
+        rewrite_eval_events(RunDir(run_dir).eval_tensorboard, evals)
     return pngs
 
 
@@ -263,7 +264,7 @@ def report_command(run_dir: Path) -> int:
         print(e, file=sys.stderr)
         return 1
     for name in _write_report(run_dir, records, evals, accounting):
-        print(run_dir / "report" / f"{name}.png")
+        print(RunDir(run_dir).report / f"{name}.png")
     if (end := run_end(accounting)) is not None:
         print(run_end_line(end))
     for line in collapse_lines(records):
@@ -272,5 +273,5 @@ def report_command(run_dir: Path) -> int:
     if best is not None:
         print(f"Best version by eval score: {best['version']} (step {best['step']}): success "
               f"{best['success_rate']:.0%}, reward {best['reward_mean']:.3f} on {best['prompts']} eval prompts")
-    print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
+    print(f"TensorBoard: tensorboard --logdir {RunDir(run_dir).tensorboard}")
     return 0

@@ -7,12 +7,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tasks.records.episodes import DIRECTORY, EVAL_DIRECTORY, read_episodes
+from tasks.records.episodes import read_episodes
+from tasks.run_dir import RunDir
 
 
 def episode_files(run_dir: Path, *, evals: bool) -> dict[int, Path]:
     """The run's episode files by version: training's sample, or its evaluations'."""
-    directory = run_dir / (EVAL_DIRECTORY if evals else DIRECTORY)
+    directory = RunDir(run_dir).eval_episodes if evals else RunDir(run_dir).episodes
     return {int(p.stem[1:]): p for p in directory.glob("v*.jsonl") if p.stem[1:].isdigit()}
 
 

@@ -472,7 +472,7 @@ def _cluster_classes(spec: Spec | SimpleNamespace) -> list[tuple[str, str]]:
     for section in ("actors", "learner"):
         cluster = getattr(spec, section).cluster if getattr(spec, section) is not None else "local"
         if cluster != "local" and "://" not in cluster:
-            from tasks.actors.cluster import cluster_class  # imports distributed: only when needed
+            from tasks.placement import cluster_class  # imports distributed: only when needed
 
             path = f"{section}.cluster"
             problems += _loadable(path, cluster, functools.partial(cluster_class, field=path))

@@ -21,6 +21,7 @@ from flows.spec import Spec
 from flows.spec_changes import changes_from, described, fixed, with_history
 from tasks.actors.cluster import actor_cluster
 from tasks.records.atomic import write_text_atomic
+from tasks.run_dir import RunDir
 from tasks.runtime.failures import Unrecoverable
 from tasks.runtime.interrupt import INTERRUPT, blocking, reclaim_sigterm
 from tasks.runtime.stopping import StopReason
@@ -34,7 +35,7 @@ def prepare_run_dir(spec: Spec, log: Callable[[str], None] = print) -> Path:
     refuses fails here, before anything in the directory changes."""
     run_dir = spec.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec_file, text = run_dir / "spec.yaml", spec.to_yaml()
+    spec_file, text = RunDir(run_dir).spec, spec.to_yaml()
     if not spec_file.exists():
         write_text_atomic(spec_file, text)
         return run_dir
@@ -72,14 +73,11 @@ def train(spec: Spec):
     return result
 
 
-FLOW_RUN_FILE = "flow-run"  # in the run directory: the id of the flow run that trains it, or last did
-
-
 def _take_over(run_dir: Path, log: Callable[[str], None]) -> None:
     """Records this flow run as the run directory's. The one recorded before, if Prefect
     still shows it running while no learner holds the directory, was killed (SIGKILL, a
     machine lost) before it could say so: it is marked Crashed, so the UI tells the truth."""
-    path = run_dir / FLOW_RUN_FILE
+    path = RunDir(run_dir).flow_run
     previous = path.read_text().strip() if path.is_file() else None
     current = str(flow_run.id)
     if previous and previous != current and not run_dir_locked(run_dir):

@@ -8,6 +8,14 @@ PAD, BOS, EOS = 0, 1, 2
 _SPECIAL = 3
 
 
+
+class OutsideAlphabet(ValueError):
+    """Text holds a character the char tokenizer has no id for."""
+
+    def __init__(self, char: str):
+        super().__init__(f"character {char!r} is not in the tokenizer's alphabet")
+        self.char = char
+
 class CharTokenizer:
     """Maps each alphabet character to one id; ids 0, 1, 2 are pad, bos, eos.
 
@@ -27,7 +35,7 @@ class CharTokenizer:
         try:
             return [self._ids[c] for c in text]
         except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the tokenizer's alphabet") from None
+            raise OutsideAlphabet(e.args[0]) from None
 
     def decode(self, ids) -> str:
         """Text of `ids`, stopping at the first eos; pad and bos are skipped."""

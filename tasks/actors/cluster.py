@@ -7,14 +7,14 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Iterator, Mapping
+from typing import Iterator
 
 from dask.utils import parse_bytes
-from distributed import Client, LocalCluster
+from distributed import LocalCluster
 from distributed.system import MEMORY_LIMIT
 
 from tasks.config import ActorsConfig
-from tasks.entrypoints import load
+from tasks.placement import scheduler
 
 # Actors share the machine with the learner: one XLA thread each keeps them from
 # oversubscribing the cores the learner's step needs.
@@ -33,27 +33,22 @@ def actor_cluster(config: ActorsConfig) -> Iterator[str]:
     included, so anything Prefect they run reports to the same API. Workers started any
     other way need Tandem installed and, for the same reason, that variable set.
     """
-    if "://" in config.cluster:
-        yield config.cluster
+    if config.cluster != "local":
+        with scheduler(config.cluster, config.cluster_kwargs, config.workers, "actors.cluster") as address:
+            yield address
         return
-    if config.cluster == "local":
-        env = {**{k: v for k, v in os.environ.items() if k.startswith("PREFECT_")}, **ACTOR_ENV}
-        if config.resources:  # actors asked for an accelerator: JAX may use it
-            env.pop("JAX_PLATFORMS")
-        # One thread for the worker's actor task, which runs for the whole session, and
-        # one for other work (an evaluation, say).
-        cluster = LocalCluster(n_workers=config.workers, threads_per_worker=2, processes=True,
-                               dashboard_address=":0", env=env, resources=config.resources or None,
-                               memory_limit=worker_memory_limit(config))
-    else:
-        cluster = cluster_class(config.cluster)(**config.cluster_kwargs)
-        cluster.scale(config.workers)
-    with cluster:
+    env = {**{k: v for k, v in os.environ.items() if k.startswith("PREFECT_")}, **ACTOR_ENV}
+    if config.resources:  # actors asked for an accelerator: JAX may use it
+        env.pop("JAX_PLATFORMS")
+    # One thread for the worker's actor task, which runs for the whole session, and
+    # one for other work (an evaluation, say).
+    with LocalCluster(n_workers=config.workers, threads_per_worker=2, processes=True, dashboard_address=":0",
+                      env=env, resources=config.resources or None,
+                      memory_limit=worker_memory_limit(config)) as cluster:
         try:
             yield cluster.scheduler_address
         except BaseException:
-            if isinstance(cluster, LocalCluster):
-                _stop_workers_now(cluster)
+            _stop_workers_now(cluster)
             raise
 
 
@@ -88,19 +83,3 @@ def worker_memory_limit(config: ActorsConfig) -> int:
     if isinstance(limit, str):
         return parse_bytes(limit)
     return int(limit * MEMORY_LIMIT / config.workers)
-
-
-def cluster_class(name: str, field: str = "actors.cluster") -> type:
-    """The cluster class "module:Class" (e.g. "dask_jobqueue:SLURMCluster") that `field` names."""
-    try:
-        return load(name, {}, "cluster class")
-    except ValueError as e:  # raised where the field is not in sight: name it
-        raise ValueError(f"{field}: {e}") from None
-
-
-def workers_with(client: Client, resources: Mapping[str, float]) -> list[str]:
-    """The addresses of the workers carrying at least `resources` (all of them for none):
-    the only ones Dask runs a task asking for them on."""
-    info = client.scheduler_info(n_workers=-1)["workers"]
-    return sorted(address for address, worker in info.items()
-                  if all(worker.get("resources", {}).get(name, 0) >= amount for name, amount in resources.items()))

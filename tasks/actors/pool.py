@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 from distributed import Client
 
 from tasks.actors.actor import ActorSetup, run_actor
-from tasks.actors.cluster import workers_with
+from tasks.placement import workers_with
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, stop_actors
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class ActorPool:
         only on a worker that has them, pinned or not; until one joins, the actor waits)."""
         if not self.resources:
             return sorted(self.client.nthreads(callback_timeout=SCHEDULER_TIMEOUT_S))
-        workers = workers_with(self.client, self.resources)
+        workers = list(workers_with(self.client, self.resources))
         if not workers:
             self.warn(f"no Dask worker has the resources {self.resources} (actors.resources) yet: "
                       "the actors wait for one")

@@ -28,7 +28,8 @@ import numpy as np
 from learner.chat import ChatTokenizer, make_tokenizer
 from learner.config import ModelConfig
 from learner.engine import Completion, Request
-from learner.trajectory import OBSERVATION, Group, Sample
+from learner.tokenizer import OutsideAlphabet
+from learner.trajectory import OBSERVATION, Abort, AbortKind, Group, Sample
 from tasks.actors.env_calls import EnvCalls
 from tasks.config import ActorsConfig, EnvConfig
 
@@ -36,7 +37,11 @@ Generate = Callable[[Request], Awaitable[Completion]]
 
 
 class EpisodeAborted(Exception):
-    """The group cannot be completed; its message is the reason recorded for it."""
+    """The group cannot be completed, for `abort`."""
+
+    def __init__(self, kind: AbortKind, message: str, **about):
+        super().__init__(message)
+        self.abort = Abort(kind, message, **about)
 
 
 @dataclasses.dataclass
@@ -95,9 +100,9 @@ class GroupRunner:
                                       for i, env in enumerate(envs))
             samples, aborted = tuple(e.sample() for e in episodes), None
         except TimeoutError:
-            samples, aborted = (), f"timeout after {self.env_config.episode_timeout_s}s"
+            samples, aborted = (), Abort(AbortKind.TIMEOUT, f"timeout after {self.env_config.episode_timeout_s}s")
         except EpisodeAborted as e:
-            samples, aborted = (), str(e)
+            samples, aborted = (), e.abort
         return Group(prompt_id, prompt, samples, started, time.time(), attempt=attempt, aborted=aborted)
 
     async def _episode(self, env, prompt: str, ids: tuple[int, int, int], pin) -> _Episode:
@@ -119,11 +124,11 @@ class GroupRunner:
             if done:
                 return episode
             episode.observe(self._encode(obs, first=False))
-        raise EpisodeAborted(f"max_turns ({self.env_config.max_turns}) reached without finishing")
+        raise EpisodeAborted(AbortKind.MAX_TURNS, f"max_turns ({self.env_config.max_turns}) reached without finishing")
 
     async def _act(self, episode: _Episode, ids: tuple[int, int, int], turn: int, pin) -> Completion:
         if len(episode.tokens) >= self.max_len:
-            raise EpisodeAborted(f"episode longer than the context window (model.max_len={self.max_len})")
+            raise EpisodeAborted(AbortKind.CONTEXT, f"episode longer than the context window (model.max_len={self.max_len})")
         version, params = pin if pin is not None else (None, None)
         # The episode's identity keys its context's cache in the engine: the next turn
         # prefills only what was added since.
@@ -131,8 +136,8 @@ class GroupRunner:
             np.array(episode.tokens, np.int32), self.actors_config.max_new_tokens, _request_key(self.seed, *ids, turn),
             version=version, params=params, prefix_key=ids))
         if completion.newer and self.actors_config.on_sync == "abort":
-            raise EpisodeAborted(f"a version newer than {completion.versions[0]} was published mid-episode "
-                                 "(on_sync: abort)")
+            raise EpisodeAborted(AbortKind.NEWER_VERSION, f"a version newer than {completion.versions[0]} was "
+                                 "published mid-episode (on_sync: abort)")
         return completion
 
     async def _step(self, env, action: str):
@@ -140,13 +145,16 @@ class GroupRunner:
             await asyncio.sleep(self._latency())
         result = await self._env_call(env, env.step, action)
         if not (isinstance(result, tuple) and len(result) == 4):
-            raise EpisodeAborted(f"env.step must return (obs, reward, done, info), got {result!r:.100}")
+            raise EpisodeAborted(AbortKind.PROTOCOL, f"env.step must return (obs, reward, done, info), got {result!r:.100}",
+                                 about="step's result")
         reward = result[1]
         # A non-finite number is recorded and excluded as `invalid` at the buffer's entry.
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            raise EpisodeAborted(f"env error: reward must be a number, got {reward!r:.60}")
+            raise EpisodeAborted(AbortKind.PROTOCOL, f"env error: reward must be a number, got {reward!r:.60}",
+                                 about="reward")
         if not isinstance(result[3], dict):
-            raise EpisodeAborted(f"env error: info must be a dict, got {type(result[3]).__name__}")
+            raise EpisodeAborted(AbortKind.PROTOCOL, f"env error: info must be a dict, got {type(result[3]).__name__}",
+                                 about="info")
         return result
 
     def _latency(self) -> float:
@@ -163,19 +171,24 @@ class GroupRunner:
             async with asyncio.timeout(timeout):
                 return await self.calls.call(env, method, *args)
         except TimeoutError:
-            raise EpisodeAborted(f"env step timeout after {timeout}s") from None
+            raise EpisodeAborted(AbortKind.STEP_TIMEOUT, f"env step timeout after {timeout}s") from None
         except (EpisodeAborted, asyncio.CancelledError):
             raise
         except Exception as e:  # an environment's failure aborts the group, never the actor
-            raise EpisodeAborted(f"env error: {type(e).__name__}: {e}") from e
+            raise EpisodeAborted(AbortKind.ENV_ERROR, f"env error: {type(e).__name__}: {e}",
+                                 about=type(e).__name__) from e
 
     def _encode(self, obs, *, first: bool) -> list[int]:
         if not isinstance(obs, str):
-            raise EpisodeAborted(f"observation must be text, got {type(obs).__name__}")
+            raise EpisodeAborted(AbortKind.PROTOCOL, f"observation must be text, got {type(obs).__name__}",
+                                 about="observation")
         try:
             return self.tokenizer.observation(obs, first=first)
+        except OutsideAlphabet as e:
+            raise EpisodeAborted(AbortKind.ALPHABET, f"observation {obs!r:.60}: {e}", about=e.char,
+                                 observation=f"{obs!r:.60}") from None
         except ValueError as e:
-            raise EpisodeAborted(f"observation {obs!r:.60}: {e}") from None
+            raise EpisodeAborted(AbortKind.PROTOCOL, f"observation {obs!r:.60}: {e}", about="observation") from None
 
 
 async def _all(coroutines) -> list:

@@ -11,8 +11,9 @@ import collections
 import dataclasses
 import functools
 import threading
+from typing import Callable, Sequence
 
-from learner.trajectory import Group
+from learner.trajectory import Abort, Group
 from tasks.buffer.ledger import Ledger
 from tasks.config import BufferConfig
 from tasks.buffer.prompts import Prompt, PromptSource
@@ -27,6 +28,22 @@ def _locked(method):
             return method(self, *args, **kwargs)
 
     return wrapper
+
+
+@dataclasses.dataclass(frozen=True)
+class Exclusion:
+    """An attempt excluded at the buffer's entry, as its actor reported it: the reason
+    ("aborted", "invalid", a filter's "filtered", ...), what a person reads, and for an
+    aborted group why, typed (`learner.trajectory.Abort`)."""
+
+    reason: str
+    detail: str
+    abort: Abort | None = None
+
+    @classmethod
+    def from_report(cls, report: dict) -> Exclusion:
+        wire = report.get("abort")
+        return cls(report["reason"], report["detail"], Abort.from_wire(wire) if wire is not None else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +79,10 @@ class IntakeRules:
     """Dispatch, reports and the exit check of one learner session."""
 
     def __init__(self, config: BufferConfig, ledger: Ledger, source: PromptSource, pace: Pace,
-                 n_actors: int, log=print):
+                 n_actors: int, log=print, observers: Sequence[Callable[[Exclusion], None]] = ()):
+        """`observers`: told each exclusion at the buffer's entry (the session's watches)."""
         self.config, self.ledger, self.source, self.pace, self.log = config, ledger, source, pace, log
+        self.observers = tuple(observers)
         # What each actor holds: its messages in the order sent (its queue is FIFO), each
         # the attempts of one `dispatch` not yet reported, in the order it plays them.
         self.held: list[collections.deque[list[tuple[int, int]]]] = [collections.deque() for _ in range(n_actors)]
@@ -71,8 +90,6 @@ class IntakeRules:
         self._logged: collections.Counter[str] = collections.Counter()
         self._futures = FutureKeys()
         self.wanted = 0  # groups a waiting learner still needs (synchronous mode makes only these)
-        # Observes each exclusion at entry, (reason, detail): the session's no-progress watch.
-        self.on_exclusion = lambda reason, detail: None
         self._lock = threading.RLock()
 
     @_locked
@@ -176,9 +193,11 @@ class IntakeRules:
             if future_key is not None and self._futures.buffered(future_key, key):
                 self.exclude(*key, "lost")
         else:
-            log_exclusion(self.log, self._logged, key, report["reason"], report["detail"])
-            self.on_exclusion(report["reason"], report["detail"])
-            self.exclude(*key, report["reason"])
+            exclusion = Exclusion.from_report(report)
+            log_exclusion(self.log, self._logged, key, exclusion.reason, exclusion.detail)
+            for observe in self.observers:
+                observe(exclusion)
+            self.exclude(*key, exclusion.reason)
 
     @_locked
     def on_fetch(self, future_key: str, *, lost: bool) -> None:

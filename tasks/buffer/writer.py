@@ -64,7 +64,8 @@ class BufferWriter:
                 group.oldest_version  # cached, so computed here and pickled with the group, not in `take`
                 self._groups.append(group)
             else:
-                self._excluded.append(self._report(group, "excluded", reason=reason[0], detail=reason[1]))
+                abort = {"abort": group.aborted.to_wire()} if group.aborted else {}  # typed: `intake.Exclusion`
+                self._excluded.append(self._report(group, "excluded", reason=reason[0], detail=reason[1], **abort))
 
     def flush(self) -> float:
         """Sends what was added: the groups (blocking while the buffer is full), then the
@@ -90,7 +91,7 @@ class BufferWriter:
     def _exclusion(self, group: Group) -> tuple[str, str] | None:
         """(reason, detail) if an entry check excludes `group`."""
         if group.aborted:
-            return "aborted", group.aborted
+            return "aborted", group.aborted.message
         invalid = invalid_reason(group, vocab_size=self._checks.vocab_size, max_len=self._checks.max_len)
         if invalid:
             return "invalid", invalid

@@ -17,17 +17,19 @@ from pathlib import Path
 from tasks.records.atomic import write_json_atomic
 from tasks.records.episodes import write_eval_episodes
 from tasks.records.metrics_log import MetricsLog
-
-SCORES = "eval/scores.jsonl"
-WEIGHTS = "eval/weights"
+from tasks.run_dir import RunDir
 
 
 def result_path(run_dir: Path, version: int) -> Path:
-    return run_dir / "eval" / f"v{version}.json"
+    return RunDir(run_dir).eval / f"v{version}.json"
+
+
+def scores_path(run_dir: Path) -> Path:
+    return RunDir(run_dir).eval / "scores.jsonl"
 
 
 def weights_path(run_dir: Path, version: int) -> Path:
-    return run_dir / WEIGHTS / f"v{version}.safetensors"
+    return RunDir(run_dir).eval / "weights" / f"v{version}.safetensors"
 
 
 def record_eval(run_dir: Path, *, version: int, step: int, checkpoint: Path | None, outcome: dict,
@@ -37,11 +39,11 @@ def record_eval(run_dir: Path, *, version: int, step: int, checkpoint: Path | No
     line = {"version": version, "step": step, "checkpoint": str(checkpoint) if checkpoint else None,
             "time": time.time(), **outcome["scores"]}
     write_eval_episodes(run_dir, version, outcome["episodes"])
-    (run_dir / "eval").mkdir(exist_ok=True)
+    RunDir(run_dir).eval.mkdir(exist_ok=True)
     write_json_atomic(result_path(run_dir, version), line)
-    with (run_dir / SCORES).open("a") as f:
+    with scores_path(run_dir).open("a") as f:
         f.write(json.dumps(line) + "\n")
-    MetricsLog(run_dir / "metrics.jsonl").append_eval(step=step, version=version, scores=outcome["scores"])
+    MetricsLog(RunDir(run_dir).metrics).append_eval(step=step, version=version, scores=outcome["scores"])
     if params_bytes is not None and checkpoint is None:
         weights_path(run_dir, version).parent.mkdir(parents=True, exist_ok=True)
         weights_path(run_dir, version).write_bytes(params_bytes)
@@ -51,7 +53,7 @@ def record_eval(run_dir: Path, *, version: int, step: int, checkpoint: Path | No
 
 def read_scores(run_dir: Path) -> list[dict]:
     """The latest evaluation of each version, by version."""
-    path, latest = run_dir / SCORES, {}
+    path, latest = scores_path(run_dir), {}
     if path.exists():
         for text in path.read_text(errors="replace").splitlines():
             try:
@@ -68,6 +70,6 @@ def best_version(scores: list[dict]) -> dict | None:
 
 
 def _prune_weights(run_dir: Path, keep: set) -> None:
-    for path in (run_dir / WEIGHTS).glob("v*.safetensors"):
+    for path in weights_path(run_dir, 0).parent.glob("v*.safetensors"):
         if int(path.stem[1:]) not in keep:
             path.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from learner.serialization import params_to_bytes
 from tasks.eval.play import EvalSetup
 from tasks.eval.task import EvalCluster, EvalTarget, evaluate_version
 from tasks.records.tensorboard import add_eval
+from tasks.run_dir import RunDir
 
 
 class Evaluations:
@@ -55,7 +56,7 @@ class Evaluations:
                 self.log.warning(f"the eval of version {version} failed, training goes on: {type(e).__name__}: {e}")
         for line in lines:
             if self._tensorboard is None:  # a run of its own beside training's (`eval/...` series)
-                self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard" / "eval"))
+                self._tensorboard = SummaryWriter(str(RunDir(self.run_dir).eval_tensorboard))
             scores = {k: v for k, v in line.items() if k not in ("version", "step", "time", "checkpoint")}
             add_eval(self._tensorboard, {"step": line["step"], "time": line["time"], "eval": scores})
         return lines

@@ -16,11 +16,12 @@ from distributed import Client
 from prefect.assets import Asset, AssetProperties, materialize
 from prefect.cache_policies import NO_CACHE
 
-from tasks.actors.cluster import workers_with
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S
 from tasks.eval.play import EvalSetup, play_eval
 from tasks.eval.results import record_eval, result_path
+from tasks.placement import workers_with
 from tasks.records.artifacts import asset_key
+from tasks.run_dir import RunDir
 
 RESULT_TIMEOUT_S = 900.0  # an evaluation queued behind others on busy workers, then played
 
@@ -66,7 +67,7 @@ def evaluate_version(setup: EvalSetup, cluster: EvalCluster, target: EvalTarget,
     asset = Asset(key=asset_key(path), properties=AssetProperties(
         name=f"{target.run_name} v{target.version} eval",
         description=f"eval of version {target.version} (step {target.step}) on {len(setup.prompts)} eval prompts"))
-    upstream = target.checkpoint or target.run_dir / "spec.yaml"
+    upstream = target.checkpoint or RunDir(target.run_dir).spec
 
     @materialize(asset, asset_deps=[asset_key(upstream)], cache_policy=NO_CACHE, persist_result=False,
                  task_run_name=f"eval-v{target.version}", retries=setup.eval.retries, retry_delay_seconds=2)
@@ -86,7 +87,7 @@ def play_on_cluster(setup: EvalSetup, cluster: EvalCluster, params_bytes: bytes,
     work); the weights sent to it directly (unhashed: each version's are new, and hashing
     them cost the scheduler's process ~15 ms a time)."""
     client, resources = cluster.client(), dict(setup.eval.resources)
-    workers = workers_with(client, resources) if resources else None
+    workers = list(workers_with(client, resources)) if resources else None
     if resources and not workers:  # Dask would hold the task until one joins: say so, and retry
         raise RuntimeError(f"no Dask worker of {cluster.address} has the resources {resources} (eval.resources): "
                            f"start one with `dask worker {cluster.address} --resources "

@@ -16,9 +16,7 @@ import numpy as np
 
 from learner.chat import ChatTokenizer
 from learner.trajectory import OBSERVATION, Group, Sample
-
-DIRECTORY = "episodes"
-EVAL_DIRECTORY = "episodes/eval"
+from tasks.run_dir import RunDir
 
 
 def turns(sample: Sample, tokenizer: ChatTokenizer) -> list[dict]:
@@ -43,7 +41,7 @@ def episode_records(group: Group, tokenizer: ChatTokenizer, *, excluded: str | N
     (an aborted group)."""
     head = {"prompt_id": group.prompt_id, "attempt": group.attempt, "prompt": group.prompt,
             "excluded": excluded if excluded is not None else group.aborted and "aborted",
-            "detail": group.aborted}
+            "detail": group.aborted.message if group.aborted else None}
     if not group.samples:
         return [{**head, "episode": 0, "reward": 0.0, "success": False, "turns": []}]
     return [{**head, "episode": i, "reward": s.reward, "success": s.success, "turns": turns(s, tokenizer)}
@@ -127,9 +125,13 @@ class EpisodeSample:
             self._path(version).unlink(missing_ok=True)
 
 
+def eval_episodes_path(run_dir: Path, version: int) -> Path:
+    return RunDir(run_dir).eval_episodes / f"v{version}.jsonl"
+
+
 def write_eval_episodes(run_dir: Path, version: int, records: list[dict]) -> Path:
     """Every episode of version `version`'s evaluation, replacing an earlier one's."""
-    path = run_dir / EVAL_DIRECTORY / f"v{version}.jsonl"
+    path = eval_episodes_path(run_dir, version)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"version": version, **r}) + "\n" for r in records))
     return path

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
+import logging
 import time
 from typing import Callable, Iterator, Protocol
 
@@ -65,7 +65,7 @@ class Progress:
         return signs
 
     def line(self) -> str:
-        """As `PROGRESS_LINE` matches it; a `!` marks a sign past its warning level."""
+        """One line; a `!` marks a sign past its warning level."""
         success = f" success {self.success_rate:.0%}" if self.success_rate is not None else ""
         signs = "".join(f"{text}{'!' if warned else ''} | " for text, warned in self.collapse_signs())
         return (f"step {self.step} version {self.version} | reward {self.reward_mean:.3f}{success} | {signs}"
@@ -74,7 +74,7 @@ class Progress:
 
 class ConsoleLog:
     """A progress line (`info(line)`) at most every `every_s` seconds: the learner task's
-    log in Prefect (the terminal shows the live display instead)."""
+    log in Prefect (the terminal shows the live display instead: `info` logs it as `ROUTINE`)."""
 
     def __init__(self, info: Callable[[str], None], every_s: float = 10.0):
         self.info, self.every_s = info, every_s
@@ -119,4 +119,11 @@ class ProgressFeed:
 
 
 PROGRESS_FEED = ProgressFeed()
-PROGRESS_LINE = re.compile(r"step \d+ version \d+ \| ")  # the start of `Progress.line`
+
+# The `extra` of a log record the terminal hides below WARNING (`flows.console.Routine`):
+# what the live display already shows, or what every run logs (a progress line, an eval's scores).
+ROUTINE = {"tandem_routine": True}
+
+
+def is_routine(record: logging.LogRecord) -> bool:
+    return getattr(record, "tandem_routine", False)

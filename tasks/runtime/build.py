@@ -4,7 +4,7 @@ checkpoint if it has one: the one place that knows which part needs which sectio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from distributed import Client
 
@@ -17,7 +17,7 @@ from tasks.actors.envs import resolve_entrypoint
 from tasks.actors.pool import ActorPool
 from tasks.buffer.channels import Channels
 from tasks.buffer.exchange import Exchange
-from tasks.buffer.intake import IntakeRules, Pace, outstanding_bound
+from tasks.buffer.intake import Exclusion, IntakeRules, Pace, outstanding_bound
 from tasks.buffer.ledger import Ledger
 from tasks.buffer.prompts import PromptSource
 from tasks.buffer.reader import BufferReader
@@ -29,6 +29,7 @@ from tasks.records.loggers import ConsoleLog, Loggers, Progress, ProgressLog
 from tasks.records.metrics_log import MetricsLog
 from tasks.records.step import StepMeter
 from tasks.records.tensorboard import TensorBoardLog
+from tasks.run_dir import RunDir
 from tasks.runtime.checkpoints import Checkpoints
 from tasks.runtime.learner import Learner
 from tasks.runtime.lockstep import RESTORED, LeadCheckpoints, LeadLearner, announce, restore_latest
@@ -68,15 +69,18 @@ class Reporter(Protocol):
     def evaluate(self, **fields) -> None: ...  # a version to evaluate (`Session.evaluate`)
 
 
-def intake_rules(spec: RunSpec, log) -> IntakeRules:
-    """The buffer's rules, drawing prompts from the spec's data source."""
+def intake_rules(spec: RunSpec, log, ledger: Ledger | None = None,
+                 observers: Sequence[Callable[[Exclusion], None]] = ()) -> IntakeRules:
+    """The buffer's rules, drawing prompts from the spec's data source; `observers` are
+    told each exclusion at the buffer's entry."""
     env_class = resolve_entrypoint(spec.env.entrypoint)
     source = PromptSource(spec.data, env_class, spec.env.kwargs, spec.seed,
                           held_out=held_out(spec.eval, env_class, spec.env.kwargs))
     pace = Pace(batch_groups=spec.learner.batch_groups, sync_interval=spec.sync.interval,
                 updates_per_batch=spec.learner.updates_per_batch, synchronous=spec.learner.mode == "sync",
                 outstanding=outstanding_bound(spec.buffer.capacity, spec.actors.groups_at_once, spec.learner.batch_groups))
-    return IntakeRules(spec.buffer, Ledger(), source, pace, spec.actors.n_actors, log=log)
+    return IntakeRules(spec.buffer, ledger or Ledger(), source, pace, spec.actors.n_actors, log=log,
+                       observers=observers)
 
 
 def _train_state(spec: RunSpec, run_state: RunState, mesh, log) -> tuple[Any, int, int]:
@@ -94,15 +98,15 @@ def _episodes(spec: RunSpec, run_dir: Path) -> Callable[[list], None]:
     """Keeps a few episodes of each version as text (`episodes.per_version`)."""
     if not spec.episodes.per_version:
         return lambda groups: None
-    return EpisodeSample(run_dir / "episodes", make_tokenizer(spec.model), spec.episodes.per_version,
+    return EpisodeSample(RunDir(run_dir).episodes, make_tokenizer(spec.model), spec.episodes.per_version,
                          int(spec.episodes.max_mb * 2**20)).add
 
 
 def _loggers(run_dir: Path, step: int, log, reporter: Reporter) -> Loggers:
     """Where each step's record goes; `metrics.jsonl` cut back to `step` on a resume."""
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    metrics = MetricsLog(RunDir(run_dir).metrics)
     metrics.resume(step, warn=log.warning)
-    return Loggers(metrics, TensorBoardLog(run_dir / "tensorboard", resume_step=step), ConsoleLog(log.info),
+    return Loggers(metrics, TensorBoardLog(RunDir(run_dir).tensorboard, resume_step=step), ConsoleLog(log.routine),
                    ProgressLog(reporter.progress))
 
 
@@ -121,9 +125,12 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     """The parts of a session of `spec`; `log` has .info and .warning; once `interrupted()`,
     the session ends at its next version (Ctrl-C)."""
     run_dir = spec.run_dir.resolve()
-    rules = intake_rules(spec, log.warning)
+    ledger = Ledger()
+    watch = ProgressWatch(lambda: ledger.consumed, spec.env.entrypoint)
+    signal = SignalWatch(lambda: ledger.snapshot()["excluded"], spec.learner.batch_groups, spec.learner)
+    rules = intake_rules(spec, log.warning, ledger, observers=(watch.excluded, signal.excluded))
     several = spec.learner.hosts > 1  # this is process 0, which the others follow (`lockstep`)
-    checkpoints = (LeadCheckpoints if several else Checkpoints)(run_dir / "checkpoints", spec.checkpoint.keep)
+    checkpoints = (LeadCheckpoints if several else Checkpoints)(RunDir(run_dir).checkpoints, spec.checkpoint.keep)
     run_state = RunState(checkpoints, rules, reporter,
                          run_name=spec.name, seed=spec.seed, run_dir=run_dir, warn=log.warning)
     mesh = make_mesh(spec.learner.mesh)
@@ -132,9 +139,6 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     weights = WeightSource(HttpTransport(channels, client), spec.sync.interval, version=version)
     setup = ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, spec.seed)
     actors = ActorPool(client, setup, spec.actors.n_actors, log.info, warn=log.warning, resources=spec.actors.resources)
-    watch = ProgressWatch(lambda: rules.ledger.consumed, spec.env.entrypoint)
-    signal = SignalWatch(lambda: rules.ledger.snapshot()["excluded"], spec.learner.batch_groups, spec.learner)
-    rules.on_exclusion = lambda reason, detail: (watch.excluded(reason, detail), signal.excluded(reason, detail))
 
     def waiting() -> None:  # a starved learner asks every 0.5 s; raises instead of waiting forever
         exchange.raise_if_failed()
@@ -163,7 +167,7 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
 def build_follower(spec: RunSpec) -> tuple[Learner, Checkpoints]:
     """The learner and checkpoints of a process other than 0 of a multi-host learner:
     its shards of the train state, restored from the checkpoint process 0 restores."""
-    checkpoints = Checkpoints(spec.run_dir.resolve() / "checkpoints", spec.checkpoint.keep)
+    checkpoints = Checkpoints(RunDir(spec.run_dir.resolve()).checkpoints, spec.checkpoint.keep)
     mesh = make_mesh(spec.learner.mesh)
     state, version = restore_latest(checkpoints, abstract_train_state(spec.model, spec.learner, mesh))
     if version is None:

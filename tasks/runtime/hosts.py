@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from multiprocessing.process import BaseProcess
 
-from learner.multihost import COORDINATOR_ENV, PROCESS_ID_ENV
+from tasks.placement import free_port, process_environ
 
 # The task's "stop at once" (a second Ctrl-C): the processes unwind and exit; one still
 # starting, its handler not yet set, is ended by the signal's default action.
@@ -27,12 +26,7 @@ AT_ONCE = signal.SIGUSR2
 
 def coordinator_environ(hosts: int) -> list[dict[str, str]]:
     """For each process, what `learner.multihost.initialize` reads; nothing for one host."""
-    if hosts == 1:
-        return [{}]
-    with socket.socket() as s:  # a free port for process 0's coordination service
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
-    return [{COORDINATOR_ENV: address, PROCESS_ID_ENV: str(i)} for i in range(hosts)]
+    return process_environ(f"127.0.0.1:{free_port('127.0.0.1')}", hosts)  # process 0's coordination service
 
 
 class LearnerProcesses:

@@ -21,16 +21,14 @@ import collections
 import contextlib
 import os
 import pickle
-import socket
 import time
 from typing import Any, Iterator
 
 from distributed import Client, Future, Queue, Variable
 
 from learner.config import LearnerConfig
-from learner.multihost import COORDINATOR_ENV, PROCESS_ID_ENV
-from tasks.actors.cluster import cluster_class
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S
+from tasks.placement import free_port, process_environ, scheduler, workers_with
 from tasks.runtime.learner_host import END, RUN, STOP, TERMINATE, run_host
 from tasks.runtime.relay import Event
 
@@ -43,20 +41,14 @@ CHECK_S = 1.0  # how often the learner workers' presence is checked
 def learner_client(config: LearnerConfig) -> Iterator[Client]:
     """A client of the cluster `learner.cluster` names; a cluster class is built, scaled to
     `learner.hosts` workers, and closed after."""
-    if "://" in config.cluster:
-        with Client(config.cluster, timeout=SCHEDULER_TIMEOUT_S, set_as_default=False) as client:
-            yield client
-        return
-    with cluster_class(config.cluster, "learner.cluster")(**config.cluster_kwargs) as cluster:
-        cluster.scale(config.hosts)
-        with Client(cluster, timeout=SCHEDULER_TIMEOUT_S, set_as_default=False) as client:
-            yield client
+    with (scheduler(config.cluster, config.cluster_kwargs, config.hosts, "learner.cluster") as address,
+          Client(address, timeout=SCHEDULER_TIMEOUT_S, set_as_default=False) as client):
+        yield client
 
 
 def _workers(client: Client) -> dict[str, dict[str, Any]]:
     """The scheduler's learner workers: address -> its information (host, resources, ...)."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
-    return {address: info for address, info in workers.items() if info.get("resources", {}).get(RESOURCE, 0) >= 1}
+    return workers_with(client, {RESOURCE: 1})
 
 
 def learner_workers(client: Client, hosts: int, wait_s: float = WORKERS_WAIT_S) -> dict[str, dict[str, Any]]:
@@ -79,16 +71,9 @@ def cluster_environ(client: Client, workers: dict[str, dict[str, Any]]) -> list[
     if len(workers) == 1:
         return [{}]
     first = next(iter(workers))
-    port = client.run(_free_port, workers=[first])[first]
+    port = client.run(free_port, workers=[first])[first]
     host = workers[first]["host"]
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return [{COORDINATOR_ENV: address, PROCESS_ID_ENV: str(i)} for i in range(len(workers))]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    return process_environ(f"[{host}]:{port}" if ":" in host else f"{host}:{port}", len(workers))
 
 
 class ClusterProcesses:

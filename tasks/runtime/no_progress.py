@@ -19,19 +19,16 @@ starts the count again.
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
 from typing import Callable
 
+from learner.trajectory import Abort, AbortKind
+from tasks.buffer.intake import Exclusion
 from tasks.runtime.failures import Unrecoverable
 
 STREAK = 32  # attempts failed for one cause, none trained since: not chance, in a run that can progress
 STALL_S = 60.0
-
-ALPHABET = re.compile(r"observation (?P<observation>.*): character (?P<char>.+) is not in the tokenizer's alphabet")
-ENV_ERROR = re.compile(r"env error: (?P<type>[A-Za-z_][\w.]*): (?P<message>.*)", re.DOTALL)
-PROTOCOL = re.compile(r"env error: (reward|info) must|env\.step must return|observation must be text")
 
 
 class NoProgress(Unrecoverable):
@@ -47,21 +44,22 @@ class Cause:
     observation: str = ""
 
 
-def classify(detail: str, entrypoint: str) -> Cause | None:
-    """The deterministic cause of an aborted group (its `detail`), None if it may pass."""
-    if match := ALPHABET.fullmatch(detail):
+def classify(abort: Abort, entrypoint: str) -> Cause | None:
+    """The deterministic cause of an aborted group, None if it may pass."""
+    if abort.kind is AbortKind.ALPHABET:
         return Cause("alphabet", "observations contain characters outside the tokenizer's alphabet",
                      f"add them to model.tokenizer.alphabet, or make the environment ({entrypoint}) "
-                     "emit only characters in it", char=match["char"], observation=match["observation"])
-    if match := PROTOCOL.match(detail):
-        return Cause(f"protocol: {match[0]}", f"the environment ({entrypoint}) breaks its protocol: {detail}",
+                     "emit only characters in it", char=repr(abort.about), observation=abort.observation)
+    if abort.kind is AbortKind.PROTOCOL:
+        return Cause(f"protocol: {abort.about}", f"the environment ({entrypoint}) breaks its protocol: {abort.message}",
                      'fix the environment (README, "Environments")')
-    if match := ENV_ERROR.fullmatch(detail):
-        if match["type"] == "SandboxUnavailable":
-            return Cause("sandbox", f"the code sandbox cannot run on the actors' machines: {match['message']}",
+    if abort.kind is AbortKind.ENV_ERROR:
+        error = abort.message.removeprefix(f"env error: {abort.about}: ")
+        if abort.about == "SandboxUnavailable":
+            return Cause("sandbox", f"the code sandbox cannot run on the actors' machines: {error}",
                          "fix that on every Dask worker's machine, or use another environment")
-        return Cause(f"env error {match['type']}", f"the environment ({entrypoint}) raises {match['type']}: "
-                                                   f"{match['message']}", "fix the environment or its env.kwargs")
+        return Cause(f"env error {abort.about}", f"the environment ({entrypoint}) raises {abort.about}: {error}",
+                     "fix the environment or its env.kwargs")
     return None
 
 
@@ -77,13 +75,13 @@ class ProgressWatch:
         self._failures: dict[str, tuple[Cause, int]] = {}  # by key: the first cause seen, how many
         self._chars: dict[str, None] = {}  # characters outside the alphabet, in the order seen
 
-    def excluded(self, reason: str, detail: str) -> None:
+    def excluded(self, exclusion: Exclusion) -> None:
         """The intake's observer: an attempt was excluded at the buffer's entry."""
         with self._lock:
             self._catch_up()
-            if reason == "filtered":  # played to its end: the environment works
+            if exclusion.reason == "filtered":  # played to its end: the environment works
                 self._restart()
-            elif reason == "aborted" and (cause := classify(detail, self.entrypoint)) is not None:
+            elif exclusion.abort is not None and (cause := classify(exclusion.abort, self.entrypoint)) is not None:
                 first, count = self._failures.get(cause.key, (cause, 0))
                 self._failures[cause.key] = (first, count + 1)
                 if cause.char is not None:

@@ -25,6 +25,7 @@ import time
 from typing import Callable
 
 from learner.config import LearnerConfig
+from tasks.buffer.intake import Exclusion
 from tasks.records.step import StepRecord
 from tasks.records.warnings import ENTROPY_WARN
 
@@ -72,10 +73,10 @@ class SignalWatch:
             self._since = self._clock()
             self._details.clear()
 
-    def excluded(self, reason: str, detail: str) -> None:
+    def excluded(self, exclusion: Exclusion) -> None:
         """The intake's observer: an attempt was excluded at the buffer's entry."""
         with self._lock:
-            self._details.setdefault(reason, detail)
+            self._details.setdefault(exclusion.reason, exclusion.detail)
 
     def raise_if_no_signal(self) -> None:
         """Raises `NoSignal` once the batch being taken has waited past a bound."""

@@ -103,7 +103,7 @@ class LogForwarder(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         level = "error" if record.levelno >= logging.ERROR else "warning"
-        self._writer.put(("log", (level, self.format(record))))
+        self._writer.put(("log", (level, self.format(record), False)))
 
     def install(self) -> None:
         logger = logging.getLogger("tasks")

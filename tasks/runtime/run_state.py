@@ -26,6 +26,7 @@ from tasks.buffer.intake import IntakeRules
 from tasks.records.atomic import write_json_atomic
 from tasks.runtime.checkpoints import Checkpoints
 from tasks.runtime.failures import CheckpointMismatch
+from tasks.run_dir import RunDir
 
 
 class VersionRecorder(Protocol):
@@ -106,7 +107,7 @@ class RunState:
         path = self.checkpoints.save(version, state, record)
         self.write_accounting()
         self._uncommitted = dict(
-            run_name=self.run_name, spec_path=self.run_dir / "spec.yaml", checkpoint=path,
+            run_name=self.run_name, spec_path=RunDir(self.run_dir).spec, checkpoint=path,
             parent=self.checkpoints.path(parent) if parent is not None else None,
             version=version, step=step, metrics={"reward_mean": reward_mean}, new_rows=self.rows[self._reported:])
         self._reported = len(self.rows)
@@ -122,7 +123,7 @@ class RunState:
         """Writes `accounting.json`; at the session's end with why training `stopped`
         (reason, message, step, version), which `tandem report` shows."""
         accounting = self.rules.accounting()
-        write_json_atomic(self.run_dir / "accounting.json",
+        write_json_atomic(RunDir(self.run_dir).accounting,
                           accounting if stopped is None else {**accounting, "stopped": stopped})
         return accounting
 

@@ -44,7 +44,7 @@ from learner import multihost
 from learner.multihost import PROCESS_ID_ENV
 from tasks.buffer.channels import SCHEDULER_TIMEOUT_S, Channels, stop_actors
 from tasks.records.artifacts import ProgressRecord
-from tasks.records.loggers import PROGRESS_FEED, Progress
+from tasks.records.loggers import PROGRESS_FEED, ROUTINE, Progress
 from tasks.runtime import learner_cluster, lockstep
 from tasks.runtime.build import RunSpec, build_follower, build_session
 from tasks.runtime.failures import Unrecoverable
@@ -53,10 +53,8 @@ from tasks.runtime.interrupt import INTERRUPT, blocking
 from tasks.runtime.relay import EventReader, LogForwarder
 from tasks.runtime.stopping import StopReason
 from tasks.runtime.task_records import TaskRecords
+from tasks.run_dir import RunDir
 
-PID_FILE = "learner.pid"  # in the run directory, while a learner process runs
-LOCK_FILE = "learner.lock"  # held (flock) by that process
-LOG_FILE = "tandem.log"  # in the run directory: the run's log, tracebacks whole (`flows.console`)
 STOPPED_AT_ONCE = {"stopped": "at once"}  # the result of a learner terminated (`_pass_on`)
 AT_ONCE_S = 5.0  # a learner told to stop at once and still running after this (in a compile, say) is killed
 EARLY_S = 1.0  # the same, told before its first step: it has nothing to write, and the run's start-up waits
@@ -64,10 +62,10 @@ ORPHAN_S = 3.0  # a local learner whose parent has gone and still running after 
 
 
 def run_dir_locked(run_dir: Path) -> bool:
-    """Whether a learner process holds the run directory's lock (`LOCK_FILE`)."""
-    if not (run_dir / LOCK_FILE).exists():
+    """Whether a learner process holds the run directory's lock."""
+    if not RunDir(run_dir).lock.exists():
         return False
-    with (run_dir / LOCK_FILE).open("a") as lock:
+    with RunDir(run_dir).lock.open("a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -162,7 +160,7 @@ def _clear_pid_files(spec: RunSpec, processes) -> None:
         return
     run_dir = spec.run_dir.resolve()
     for i, process in enumerate((processes.leader, *processes.followers)):
-        pid_file = run_dir / (PID_FILE if i == 0 else f"learner.{i}.pid")
+        pid_file = RunDir(run_dir).pid(i)
         with contextlib.suppress(OSError):
             if process.exitcode is not None and pid_file.read_text() == str(process.pid):
                 pid_file.unlink()
@@ -198,7 +196,8 @@ def _relay(events, processes: LearnerProcesses, log, spec: RunSpec, stop, record
             continue
         kind, payload = event
         if kind == "log":
-            getattr(log, payload[0])(payload[1])
+            level, message, routine = payload
+            getattr(log, level)(message, extra=ROUTINE if routine else None)
         elif kind == "version":
             records.version(payload)
         elif kind == "eval":
@@ -262,10 +261,14 @@ class _Events:
         self._events = events
 
     def info(self, message: str) -> None:
-        self._events.put(("log", ("info", message)))
+        self._events.put(("log", ("info", message, False)))
+
+    def routine(self, message: str) -> None:
+        """An INFO record the terminal hides (`tasks.records.loggers.ROUTINE`)."""
+        self._events.put(("log", ("info", message, True)))
 
     def warning(self, message: str) -> None:
-        self._events.put(("log", ("warning", message)))
+        self._events.put(("log", ("warning", message, False)))
 
     def version(self, **fields) -> None:
         self._events.put(("version", fields))
@@ -281,12 +284,12 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
                   events, stop, at_once: int = AT_ONCE) -> None:
     """Process 0 of the learner: runs the session; `environ` joins it to the other processes."""
     run_dir = spec.run_dir.resolve()
-    pid_file = run_dir / PID_FILE
+    pid_file = RunDir(run_dir).pid()
     sigterm = _take_signals(at_once, leader=True)
     _end_with_parent(at_once, pid_file)
     # One learner per run directory: a second one (a run started twice) would interleave
     # checkpoints and metrics. The kernel drops the lock when this process dies.
-    lock = (run_dir / LOCK_FILE).open("w")
+    lock = RunDir(run_dir).lock.open("w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -294,7 +297,7 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
                               f"(pid {pid_file.read_text() if pid_file.exists() else '?'})", False)))
         return
     pid_file.write_text(str(os.getpid()))
-    sys.unraisablehook = functools.partial(_unraisable_to, run_dir / LOG_FILE)
+    sys.unraisablehook = functools.partial(_unraisable_to, RunDir(run_dir).log)
     failed = False
     try:
         multihost.initialize(spec.learner.hosts, environ)
@@ -310,7 +313,7 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
     except Exception as e:
         events.put(("error", (f"{type(e).__name__}: {e}", permanent(e))))
         # Its traceback to the run's log file, not the terminal: the task reports the failure once.
-        with (run_dir / LOG_FILE).open("a") as f:
+        with RunDir(run_dir).log.open("a") as f:
             f.write(f"learner process {os.getpid()} failed:\n{traceback.format_exc()}")
         failed = True
     except BaseException as e:  # stopped at once: SystemExit from `_take_signals`
@@ -335,7 +338,7 @@ def _unraisable_to(log_file: Path, unraisable) -> None:
 
 def _follower_main(spec: RunSpec, environ: dict[str, str], at_once: int = AT_ONCE) -> None:
     """Process i > 0 of a multi-host learner: takes the steps process 0 announces."""
-    pid_file = spec.run_dir.resolve() / f"learner.{environ[PROCESS_ID_ENV]}.pid"
+    pid_file = RunDir(spec.run_dir.resolve()).pid(int(environ[PROCESS_ID_ENV]))
     _take_signals(at_once, leader=False)
     _end_with_parent(at_once, pid_file)
     pid_file.write_text(str(os.getpid()))

@@ -4,7 +4,6 @@ versions table and lineage (`tasks.records.artifacts`), and the evaluations of v
 
 from __future__ import annotations
 
-import re
 import time
 
 from tasks.actors.envs import resolve_entrypoint
@@ -13,10 +12,11 @@ from tasks.eval.prompts import eval_prompts
 from tasks.eval.results import read_scores
 from tasks.eval.runner import Evaluations
 from tasks.records.artifacts import record_version, record_versions_table, run_key
+from tasks.records.loggers import ROUTINE
 from tasks.records.versions import VersionTable
+from tasks.run_dir import RunDir
 
 
-EVAL_LINE = re.compile(r"eval of version \d+: ")  # one per evaluation: routine (`flows.console`)
 
 
 class TaskRecords:
@@ -28,7 +28,7 @@ class TaskRecords:
     def __init__(self, spec, scheduler_address: str, log):
         """`spec`: a `tasks.runtime.build.RunSpec`; `log` has .info and .warning."""
         run_dir = spec.run_dir.resolve()
-        self.spec, self.log, self.checkpoints = spec, log, run_dir / "checkpoints"
+        self.spec, self.log, self.checkpoints = spec, log, RunDir(run_dir).checkpoints
         self.artifact_key = run_key(spec.name, _flow_run_name())  # this run's artifacts, no other's
         self.table = VersionTable(read_scores(run_dir))
         self._scored, self._sent = False, time.monotonic()  # scores not yet in the table sent; when last sent
@@ -58,7 +58,7 @@ class TaskRecords:
         for line in lines:
             self.log.info(f"eval of version {line['version']}: success {line['success_rate']:.0%}, "
                           f"reward {line['reward_mean']:.3f} over {line['episodes']} episodes "
-                          f"({line['eval_s']:.1f} s)")
+                          f"({line['eval_s']:.1f} s)", extra=ROUTINE)  # the run's end names the best
             self.table.add_eval(line)
         self._scored = self._scored or bool(lines)
         if self._scored and (wait_s != 0.0 or time.monotonic() - self._sent >= self.table_every_s):

@@ -10,13 +10,13 @@ from learner.serialization import params_from_bytes
 from learner.sharding import make_mesh
 from learner.train import abstract_train_state, params_numpy
 from tasks.eval.results import read_scores, weights_path
+from tasks.run_dir import RunDir
 from tasks.runtime.checkpoints import Checkpoints
 
 
 def available_versions(run_dir: Path) -> list[int]:
     """Versions whose weights are in the run directory."""
-    checkpoints = run_dir / "checkpoints"
-    versions = {int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()} if checkpoints.is_dir() else set()
+    versions = set(RunDir(run_dir).versions())
     versions |= {int(p.stem[1:]) for p in weights_path(run_dir, 0).parent.glob("v*.safetensors")}
     return sorted(versions)
 
@@ -26,19 +26,20 @@ def version_weights(spec, version: int) -> tuple[Any, int, Path | None]:
 
     Raises ValueError if the run directory holds neither.
     """
-    run_dir = spec.run_dir.resolve()
-    checkpoint = run_dir / "checkpoints" / str(version)
+    run_dir = RunDir(spec.run_dir.resolve())
+    checkpoint = run_dir.checkpoints / str(version)
     if checkpoint.is_dir():
-        checkpoints = Checkpoints(run_dir / "checkpoints", keep=None)
+        checkpoints = Checkpoints(run_dir.checkpoints, keep=None)
         try:
             abstract = abstract_train_state(spec.model, spec.learner, make_mesh(spec.learner.mesh))
             state, record = checkpoints.restore(version, abstract)
         finally:
             checkpoints.close()
         return params_numpy(state), record["step"], checkpoint
-    kept = weights_path(run_dir, version)
-    if kept.is_file():
-        step = next((s["step"] for s in read_scores(run_dir) if s["version"] == version), version * spec.sync.interval)
+    kept = weights_path(run_dir.path, version)
+    # The evaluation that kept them recorded the version's step (from its checkpoint) first.
+    step = next((s["step"] for s in read_scores(run_dir.path) if s["version"] == version), None)
+    if kept.is_file() and step is not None:
         return params_from_bytes(kept.read_bytes()), step, None
-    raise ValueError(f"version {version}: no checkpoint and no kept weights in {run_dir} "
-                     f"(versions there: {available_versions(run_dir) or 'none'})")
+    raise ValueError(f"version {version}: no checkpoint and no kept weights in {run_dir.path} "
+                     f"(versions there: {available_versions(run_dir.path) or 'none'})")

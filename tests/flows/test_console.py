@@ -9,6 +9,7 @@ import signal
 
 import numpy as np
 import pytest
+from prefect.logging.loggers import PrefectLogAdapter
 from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
 from rich.console import Console
 
@@ -17,7 +18,7 @@ from flows.cli import main
 from flows.console import LiveDisplay, terminal_logging
 from flows.server import server_command
 from flows.spec import load_spec
-from tasks.records.loggers import Progress
+from tasks.records.loggers import ROUTINE, Progress
 from tasks.runtime.checkpoints import Checkpoints
 from tasks.runtime.interrupt import INTERRUPT
 from tests.conftest import free_port
@@ -110,19 +111,20 @@ def test_a_failure_reaches_the_terminal_once_without_its_traceback(tmp_path):
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_terminal_shows_what_is_not_routine_unless_verbose(verbose):
-    out, task_run = io.StringIO(), logging.LoggerAdapter(logging.getLogger("prefect.task_runs"),
-                                                         {"task_run_name": "learner-0"})
+    out, task_run = io.StringIO(), PrefectLogAdapter(logging.getLogger("prefect.task_runs"),
+                                                     {"task_run_name": "learner-0"})
     dask_level = logging.getLogger("distributed").level
     with (temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}),  # no flow run here
           terminal_logging(Console(file=out, width=200), verbose=verbose)):
         logging.getLogger("distributed.scheduler").info("Register worker addr: tcp://127.0.0.1:1")
         task_run.info("Finished in state Completed()")
-        task_run.info(progress(7).line())
+        task_run.info(progress(7).line(), extra=ROUTINE)  # as the learner task relays it
+        task_run.info("eval of version 3: success 50%", extra=ROUTINE)
         task_run.info("resumed from /r/checkpoints/2: step 8, version 2")
         logging.getLogger("distributed.worker").warning("a worker's warning")
     shown = out.getvalue()
     assert "Task run 'learner-0' - resumed from" in shown and "a worker's warning" in shown
-    for routine in ("Register worker", "Completed()", "step 7 version 1 |"):
+    for routine in ("Register worker", "Completed()", "step 7 version 1 |", "eval of version 3"):
         assert (routine in shown) == verbose, routine
     assert logging.getLogger("distributed").level == dask_level  # restored
 

@@ -11,6 +11,7 @@ from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRu
                                             FlowRunFilterId)
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
+from tasks.run_dir import RunDir
 from tests.conftest import ROOT, tandem
 from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, Terminal
 
@@ -144,3 +145,19 @@ def test_ctrl_c_during_tandem_eval_exits_130_without_a_traceback(evaluated_run, 
     code = terminal.wait(timeout=60)
     assert code == 130 and time.monotonic() - pressed <= 10, terminal.output[-3000:]
     assert "Interrupted (Ctrl-C)" in terminal.output and "Traceback" not in terminal.output, terminal.output[-3000:]
+
+
+def test_steps_come_from_checkpoints_after_a_resume_that_changed_sync_interval(evaluated_run, tmp_path):
+    """Versions 1-3 at steps 4, 8, 12 (sync.interval 4); resumed at interval 2, versions 4
+    and 5 are steps 14 and 16, not version × interval (8 and 10, or 16 and 20)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(evaluated_run, run_dir)
+    resumed = tandem("resume", str(run_dir), "--set", "sync.interval=2", "--set", "learner.steps=16",
+                     "--set", "eval.every=null")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    evaluated = tandem("eval", str(run_dir), "--version", "5")
+    assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    assert {s["version"]: s["step"] for s in scores(run_dir)}[5] == 16
+    assert [RunDir(run_dir).checkpoint_step(v) for v in (3, 4, 5)] == [12, 14, 16]
+    again = tandem("resume", str(run_dir))  # at learner.steps already: it says where it is, and ends
+    assert "checkpoint of version 5 (step 16)" in again.stdout, again.stdout + again.stderr

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import termios
@@ -28,6 +29,14 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 CTRL_C = b"\x03"  # the terminal's VINTR: SIGINT to its foreground process group
 
 
+def _foreground() -> None:
+    """In the child: a session of its own, whose controlling terminal is the pty, with
+    Ctrl-C's default action, as an interactive shell starts a foreground job (a test run
+    in the background, `make test &`, would otherwise pass on its ignored SIGINT)."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Terminal:
     """A command whose controlling terminal is a new pty; `output` is all it wrote."""
 
@@ -35,8 +44,7 @@ class Terminal:
         master, slave = os.openpty()
         self.process = subprocess.Popen(
             command, cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, env={**os.environ, **env},
-            start_new_session=True,  # a session of its own, whose controlling terminal is the pty:
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+            start_new_session=True, preexec_fn=_foreground)
         os.close(slave)
         self.master, self._output = master, bytearray()
         self._reader = threading.Thread(target=self._read, daemon=True)

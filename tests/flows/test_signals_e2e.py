@@ -14,7 +14,7 @@ import psutil
 import pytest
 from prefect.client.orchestration import get_client
 
-from flows.cli import latest_version
+from tasks.run_dir import RunDir
 from tasks.runtime.task import run_dir_locked
 from tasks.buffer.ledger import balanced
 from tests.conftest import tandem
@@ -123,7 +123,7 @@ def test_sigterm_stops_on_a_checkpoint_and_resume_continues(prefect_api, tmp_pat
     run_dir = tmp_path / "run"
     terminal = shell(run_dir)
     wait_for_version(run_dir, 1, terminal)
-    before = latest_version(run_dir)
+    before = RunDir(run_dir).latest_version()
     sent = time.monotonic()
     for process in processes_of(run_dir) if to == "every process" else [psutil.Process(terminal.tandem)]:
         process.send_signal(signal.SIGTERM)
@@ -136,7 +136,7 @@ def test_sigterm_stops_on_a_checkpoint_and_resume_continues(prefect_api, tmp_pat
     for noise in ("Traceback", "ERROR", "leaked"):
         assert noise not in output, output[-3000:]
     assert left_behind(run_dir) == [] and not run_dir_locked(run_dir)
-    version = latest_version(run_dir)
+    version = RunDir(run_dir).latest_version()
     assert version >= before and steps(run_dir) == list(range(1, version * 4 + 1))  # all it trained: checkpointed
     assert "Interrupted (SIGTERM)" in output and "Resume with:" in output, output[-3000:]
     assert flow_run_state(run_dir) == ["CANCELLED"]

@@ -26,7 +26,8 @@ def make_group(prompt_id: int, rewards=(0.0, 1.0), *, version: int = 0, attempt:
 
 
 def make_rules(n_actors: int = 1, *, batch_groups: int = 2, sync_interval: int = 1, outstanding: int = 100,
-               **buffer) -> IntakeRules:
+               ledger: Ledger | None = None, observers=(), **buffer) -> IntakeRules:
     source = PromptSource(DataConfig(), GuessNumber, {}, seed=0)
     pace = Pace(batch_groups=batch_groups, sync_interval=sync_interval, outstanding=outstanding)
-    return IntakeRules(BufferConfig(**buffer), Ledger(), source, pace, n_actors, log=lambda _: None)
+    return IntakeRules(BufferConfig(**buffer), ledger or Ledger(), source, pace, n_actors, log=lambda _: None,
+                       observers=observers)

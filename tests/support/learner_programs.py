@@ -9,7 +9,7 @@ from pathlib import Path
 def leader(directory: Path, events, stop) -> None:
     """Says hello, waits for the stop flag, and reports its result."""
     (directory / "leader.pid").write_text(str(os.getpid()))
-    events.put(("log", ("info", "hello")))
+    events.put(("log", ("info", "hello", False)))
     events.put(("progress", {"step": 1}))
     while not stop.is_set():
         time.sleep(0.05)

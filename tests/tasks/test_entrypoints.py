@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from tasks.actors.cluster import cluster_class
+from tasks.placement import cluster_class
 from tasks.actors.envs import resolve_entrypoint
 from tasks.buffer.filters import resolve_filter, zero_variance
 from tasks.entrypoints import load

@@ -146,7 +146,7 @@ def test_an_environment_whose_call_timed_out_serves_no_other_episode(sessions):
     running = Running(actors=1, group_size=2, step_timeout_s=0.2)
     running.prompts.put("hang", "ok-1", "ok-2", "ok-3")
     groups = running.sent(4)
-    assert groups[0].aborted == "env step timeout after 0.2s"
+    assert groups[0].aborted.message == "env step timeout after 0.2s"
     assert [g.aborted for g in groups[1:]] == [None, None, None]
     hung = {id(r[0]) for r in sessions.log if r[2] == "hang"}
     assert len(hung) == 2 and not any(id(r[0]) in hung for r in sessions.log if r[2] != "hang")
@@ -175,7 +175,7 @@ def test_hung_environment_calls_starve_neither_the_actor_nor_other_episodes(sess
     running.prompts.put(*[f"hang-{i}" for i in range(8)])  # 16 steps that never return
     running.prompts.put(*[f"ok-{i}" for i in range(4)])
     groups = running.sent(12)
-    assert sum(g.aborted == "env step timeout after 0.1s" for g in groups) == 8
+    assert sum(g.aborted is not None and g.aborted.message == "env step timeout after 0.1s" for g in groups) == 8
     assert sorted(g.prompt for g in groups if g.aborted is None) == [f"ok-{i}" for i in range(4)]
     running.stop()
 

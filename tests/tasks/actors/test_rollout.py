@@ -119,20 +119,20 @@ def test_async_environments_work(params):
 
 def test_environment_error_aborts_the_group(params):
     group = play(lambda: Countdown(fail=True), params)
-    assert group.aborted == "env error: RuntimeError: tool crashed" and group.samples == ()
+    assert group.aborted.message == "env error: RuntimeError: tool crashed" and group.samples == ()
 
 
 def test_max_turns_without_finishing_aborts(params):
-    assert "max_turns (2)" in play(lambda: Countdown(turns=5), params, max_turns=2).aborted
+    assert "max_turns (2)" in play(lambda: Countdown(turns=5), params, max_turns=2).aborted.message
 
 
 def test_episode_timeout_aborts(params):
-    assert play(Hang, params, timeout=0.5).aborted == "timeout after 0.5s"
+    assert play(Hang, params, timeout=0.5).aborted.message == "timeout after 0.5s"
 
 
 def test_step_timeout_aborts(params):
     group = play(Hang, params, timeout=30.0, step_timeout_s=0.3)
-    assert group.aborted == "env step timeout after 0.3s"
+    assert group.aborted.message == "env step timeout after 0.3s"
 
 
 class Blocks(Countdown):
@@ -159,7 +159,7 @@ def test_an_env_whose_step_outlives_its_group_is_not_free_until_it_returns(param
     try:
         runner = runner_for(service, step_timeout_s=0.2)
         group = asyncio.run(runner.run(7, "p", 1, envs))
-        assert group.aborted == "env step timeout after 0.2s"
+        assert group.aborted.message == "env step timeout after 0.2s"
         assert [runner.calls.release(env) for env in envs] == [False, False, False] and closed == []
         release.set()
         deadline = time.monotonic() + 5
@@ -217,7 +217,7 @@ def test_finish_keeps_the_weights_of_the_group_start(params):
 
 
 def test_abort_drops_the_group_on_a_new_version(params):
-    assert "on_sync: abort" in play_across_a_publish(params, "abort").aborted
+    assert "on_sync: abort" in play_across_a_publish(params, "abort").aborted.message
 
 
 @pytest.mark.parametrize("dist", ["fixed", "uniform", "exponential"])

@@ -2,14 +2,14 @@
 
 import pytest
 
-from learner.trajectory import Group
+from learner.trajectory import Abort, AbortKind, Group
 from tasks.eval.scores import score
 from tests.support.groups import make_group
 
 
 def test_scores_of_greedy_episodes():
     groups = [make_group(0, (1.0,), success=True), make_group(1, (0.0,), success=True),
-              Group(2, "p", (), 0.0, 0.0, aborted="env error")]
+              Group(2, "p", (), 0.0, 0.0, aborted=Abort(AbortKind.ENV_ERROR, "env error: E: x", about="E"))]
     s = score(groups, k=1)
     assert (s["prompts"], s["episodes"], s["aborted"]) == (3, 3, 1)
     assert s["reward_mean"] == pytest.approx(1 / 3) and s["success_rate"] == pytest.approx(1 / 3)

@@ -6,7 +6,7 @@ import numpy as np
 
 from learner.chat import make_tokenizer
 from learner.config import ModelConfig, TokenizerConfig
-from learner.trajectory import OBSERVATION, Group, Sample
+from learner.trajectory import OBSERVATION, Abort, AbortKind, Group, Sample
 from tasks.records.episodes import EpisodeSample, episode_records, first_version, read_episodes, turns
 
 CHAT = make_tokenizer(ModelConfig(tokenizer=TokenizerConfig(alphabet="abc:<>=")))
@@ -36,7 +36,7 @@ def test_records_of_a_group_and_of_an_aborted_one():
     assert [(r["episode"], r["reward"], r["success"], r["excluded"]) for r in records] == \
         [(0, 1.0, True, None), (1, 0.0, False, None)]
     assert records[0]["prompt"] == "secret=a" and records[0]["attempt"] == 1
-    (aborted,) = episode_records(Group(6, "secret=b", (), 0.0, 0.0, aborted="timeout after 30s"), CHAT)
+    (aborted,) = episode_records(Group(6, "secret=b", (), 0.0, 0.0, aborted=Abort(AbortKind.TIMEOUT, "timeout after 30s")), CHAT)
     assert (aborted["excluded"], aborted["detail"], aborted["turns"]) == ("aborted", "timeout after 30s", [])
     assert first_version(group) == 3
 

@@ -1,7 +1,7 @@
 """The learner's progress line (the learner task's log in Prefect): entropy and the filtered
 share beside the reward, marked past their warning levels (README, "The two commands")."""
 
-from tasks.records.loggers import PROGRESS_LINE, Progress
+from tasks.records.loggers import Progress
 from tasks.records.warnings import ENTROPY_WARN, FILTERED_WARN
 
 
@@ -14,12 +14,11 @@ def test_line_shows_entropy_and_the_filtered_share():
     line = progress().line()
     assert line == ("step 12 version 3 | reward 0.500 success 25% | entropy 0.43 | filtered 38% | "
                     "buffered 7 | learner busy 90% | loss 0.1000")
-    assert PROGRESS_LINE.match(line)
 
 
 def test_line_marks_what_crossed_its_warning_level():
     line = progress(entropy=0.05, filtered_share=0.92).line()
-    assert "| entropy 0.05! | filtered 92%! |" in line and PROGRESS_LINE.match(line)
+    assert "| entropy 0.05! | filtered 92%! |" in line
     # Entropy warns below its level (`no_signal` calls the policy deterministic there), the
     # share from its level on: 4 groups of 5 dropped is already 80%.
     at_levels = progress(entropy=ENTROPY_WARN, filtered_share=FILTERED_WARN).line()

@@ -163,7 +163,16 @@ def test_a_learner_process_ends_with_the_process_that_started_it(tmp_path, ignor
         task.join()
 
 
-def test_a_deferred_ctrl_c_is_raised_as_the_block_ends_not_inside_it():
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler, as in a foreground process (pytest run in the background
+    inherits an ignored SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_deferred_ctrl_c_is_raised_as_the_block_ends_not_inside_it(ctrl_c_raises):
     finished = False
     with pytest.raises(KeyboardInterrupt):
         with deferred(signal.SIGINT):
@@ -174,7 +183,7 @@ def test_a_deferred_ctrl_c_is_raised_as_the_block_ends_not_inside_it():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_block_without_a_signal_runs_as_it_is():
+def test_a_block_without_a_signal_runs_as_it_is(ctrl_c_raises):
     with deferred(signal.SIGINT):
         pass
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -61,7 +61,7 @@ def alive(pid_file: Path) -> bool:
 
 def test_the_leaders_events_arrive_in_order_and_the_stop_flag_reaches_it(client, tmp_path):
     processes = placed(client, tmp_path, "s1")
-    assert events_until(processes, "progress") == [("log", ("info", "hello")), ("progress", {"step": 1})]
+    assert events_until(processes, "progress") == [("log", ("info", "hello", False)), ("progress", {"step": 1})]
     assert not processes.failed()
     processes.stop_flag.set()
     assert events_until(processes, "done")[-1] == ("done", {"stopped": "interrupted"})

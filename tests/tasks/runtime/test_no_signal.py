@@ -5,6 +5,8 @@ import collections
 import pytest
 
 from learner.config import LearnerConfig
+from learner.trajectory import Abort, AbortKind
+from tasks.buffer.intake import Exclusion
 from tasks.runtime.no_signal import NoSignal, SignalWatch, describe
 
 
@@ -50,7 +52,7 @@ def test_the_time_bound_needs_groups_that_finished_untrained():
     clock.now = 600.0
     signal.raise_if_no_signal()  # nothing finished at all: a slow environment, not a dead one
     excluded["aborted"] += 1
-    signal.excluded("aborted", "timeout after 30.0s")
+    signal.excluded(Exclusion("aborted", "timeout after 30.0s", Abort(AbortKind.TIMEOUT, "timeout after 30.0s")))
     with pytest.raises(NoSignal) as raised:
         signal.raise_if_no_signal()
     assert raised.value.details == {"aborted": "timeout after 30.0s"} and raised.value.waited_s == 600.0

@@ -31,7 +31,7 @@ class Log:
     def __init__(self):
         self.lines = []
 
-    def info(self, message):
+    def info(self, message, extra=None):
         self.lines.append(message)
 
     warning = error = info
@@ -39,7 +39,7 @@ class Log:
 
 def sends_a_large_event_then_hangs(writer, sending):
     """A learner whose event is far larger than the pipe holds: the write takes many rounds."""
-    writer.put(("log", ("info", "x" * 20_000_000)))
+    writer.put(("log", ("info", "x" * 20_000_000, False)))
     sending.set()
     time.sleep(600)
 
@@ -121,7 +121,7 @@ def test_warnings_of_parts_without_a_log_reach_the_task():
     forwarder.install()
     try:
         logging.getLogger("tasks.background").warning("tandem-weight-publisher did not stop within 10s")
-        assert events.get(timeout_s=10) == ("log", ("warning", "tandem-weight-publisher did not stop within 10s"))
+        assert events.get(timeout_s=10) == ("log", ("warning", "tandem-weight-publisher did not stop within 10s", False))
     finally:
         logging.getLogger("tasks").removeHandler(forwarder)
         logging.getLogger("tasks").propagate = True
