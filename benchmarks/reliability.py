@@ -40,6 +40,7 @@ from harness import ROOT, emit, run_tandem
 
 sys.path.insert(0, str(ROOT))
 from flows.spec import load_spec  # noqa: E402  (the checkout's, beside this script)
+from tasks.run_dir import RunDir  # noqa: E402
 
 
 # The runs' Dask workers import `games.*` from here, as they would a user's environment module.
@@ -91,7 +92,7 @@ def summary(label: str, runs: list[dict]) -> dict:
 
 
 def _accounting(run_dir: Path) -> dict:
-    path = run_dir / "accounting.json"
+    path = RunDir(run_dir).accounting
     return json.loads(path.read_text()) if path.exists() else {}
 
 

@@ -55,6 +55,7 @@ from flows.server import start_local_server
 from flows.spec import load_spec
 from tasks.buffer.ledger import balanced
 from tasks.records.metrics_log import MetricsLog
+from tasks.run_dir import RunDir
 from tests.conftest import free_port
 
 TANDEM = str(Path(sys.executable).parent / "tandem")
@@ -186,7 +187,7 @@ class Soak:
             return []
 
     def _learner(self) -> psutil.Process | None:
-        pid_file = self.run_dir / "learner.pid"
+        pid_file = RunDir(self.run_dir).pid()
         text = pid_file.read_text().strip() if pid_file.exists() else ""  # empty while being written
         pid = int(text) if text.isdigit() else None
         return next((p for p in self._descendants() if p.pid == pid), None)
@@ -231,32 +232,27 @@ def soak(state: Soak, minutes: float, every: float) -> None:
             kill_at += every * 60
         time.sleep(1.0)
     state.stop()
-    latest = _latest_checkpoint(state.run_dir)
-    interval = load_spec(state.run_dir / "spec.yaml").sync.interval  # learner.steps must be a multiple of it
-    state.target = -(-((latest[1]["step"] if latest else 0) + FINAL_STEPS) // interval) * interval
+    run = RunDir(state.run_dir)
+    latest = run.latest_version()
+    interval = load_spec(run.spec).sync.interval  # learner.steps must be a multiple of it
+    state.target = -(-((run.checkpoint_step(latest) if latest else 0) + FINAL_STEPS) // interval) * interval
     print(f"[{time.strftime('%H:%M:%S')}] time is up: finishing at step {state.target}", flush=True)
     state.resume(f"learner.steps={state.target}")
     state.process.wait(timeout=1800)
 
 
-def _latest_checkpoint(run_dir: Path) -> tuple[int, dict] | None:
-    """(version, record) of the latest committed checkpoint, read as JSON (no model needed)."""
-    versions = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
-    if not versions:
-        return None
-    return versions[-1], json.loads((run_dir / "checkpoints" / str(versions[-1]) / "record" / "metadata").read_text())
-
-
 def figures(run_dir: Path, state: Soak) -> dict:
     """What the soak proves, from the run directory."""
-    metrics = MetricsLog(run_dir / "metrics.jsonl").read()
-    accounting = json.loads((run_dir / "accounting.json").read_text())
+    run = RunDir(run_dir)
+    metrics = MetricsLog(run.metrics).read()
+    accounting = json.loads(run.accounting.read_text())
     steps = [m["step"] for m in metrics]
     trained = [i for m in metrics for i in m["prompt_ids"]]
     excluded_for_good = sum(accounting["excluded"].values()) - accounting["retried"]
     placed = (len(set(trained)) + excluded_for_good + accounting["in_flight"] + accounting["buffered"]
               + accounting["waiting"])
-    version, record = _latest_checkpoint(run_dir)
+    version = run.latest_version()
+    record = run.checkpoint_record(version)
     return {
         "steps": len(steps), "steps_twice": len(steps) - len(set(steps)),
         "steps_contiguous": steps == list(range(1, len(steps) + 1)),

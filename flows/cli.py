@@ -38,8 +38,10 @@ _stage = "starting"
 def main(argv: list[str] | None = None) -> int:
     """The `tandem` command (`argv` None: the command line), or its `argv` (tests)."""
     global _exit_code
+    if argv is None:  # the console script, which exits with the code next: see `_exit_at_once`
+        atexit.register(_exit_at_once)  # before anything imports Prefect (this module does not)
     code = _main(argv)
-    if argv is None:  # the console script, which exits with it next: see `_exit_at_once`
+    if argv is None:
         _exit_code = code
     return code
 
@@ -48,16 +50,13 @@ _exit_code: int | None = None
 
 
 def _exit_at_once() -> None:
-    """Registered on import, before Prefect registers its handlers (which send the last logs
-    and events), so it runs after them: the `tandem` command then leaves without the
+    """Registered before Prefect registers its handlers (which send the last logs and
+    events), so it runs after them: the `tandem` command then leaves without the
     interpreter's teardown of JAX's and Prefect's objects, a second or two."""
     if _exit_code is not None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_exit_code)
-
-
-atexit.register(_exit_at_once)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from learner.hf_config import checkpoint_fields
+
 # Printable ASCII without the vertical tab and form feed, which no environment needs.
 PRINTABLE_ASCII = string.digits + string.ascii_letters + string.punctuation + " \n\t"
 
@@ -80,8 +82,6 @@ class ModelConfig(Frozen):
         init = data.get("init", "random") if isinstance(data, dict) else "random"
         if not isinstance(init, str) or init == "random":
             return data  # a non-string init is reported by the field's own validation
-        from learner.hf import checkpoint_fields  # here: learner.hf -> learner.model -> this module
-
         return checkpoint_fields(data["init"], given=data)
 
     @model_validator(mode="after")

@@ -91,13 +91,17 @@ class RunDir:
     def latest_version(self) -> int | None:
         return max(self.versions(), default=None)
 
-    def checkpoint_step(self, version: int) -> int:
-        """The step version `version` was published at, as its checkpoint records it (not
-        `version × sync.interval`: a resume may have changed the interval)."""
+    def checkpoint_record(self, version: int) -> dict:
+        """Version `version`'s checkpoint record: its step, data cursor and accounting."""
         from tasks.runtime.checkpoints import Checkpoints  # Orbax: only when a checkpoint is read
 
         checkpoints = Checkpoints(self.checkpoints, keep=None)
         try:
-            return checkpoints.record(version)["step"]
+            return checkpoints.record(version)
         finally:
             checkpoints.close()
+
+    def checkpoint_step(self, version: int) -> int:
+        """The step version `version` was published at, as its checkpoint records it (not
+        `version × sync.interval`: a resume may have changed the interval)."""
+        return self.checkpoint_record(version)["step"]

@@ -66,7 +66,19 @@ def run_actor(actor_id: int, setup: ActorSetup) -> dict:
         return asyncio.run(actor.run())
 
 
-_SHARED: dict[str, list] = {}  # session -> [service, follower, users]
+@dataclasses.dataclass
+class _Shared:
+    """A session's generation service and weight follower in this process, and how many
+    actor tasks use them."""
+
+    service: GenerationService
+    follower: WeightFollower
+    users: int = 0
+
+
+# One per worker process and session: the actor tasks a process runs share one engine and one
+# copy of the weights. It empties itself when the last task leaves, so nothing needs resetting.
+_SHARED: dict[str, _Shared] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -79,19 +91,18 @@ def process_generation(setup: ActorSetup, client: Client):
         if session not in _SHARED:
             use_compile_cache()
             service = GenerationService(make_engine(setup.model, setup.actors)).start()
-            follower = WeightFollower(setup.channels, client, service.load).start()
-            _SHARED[session] = [service, follower, 0]
+            _SHARED[session] = _Shared(service, WeightFollower(setup.channels, client, service.load).start())
         shared = _SHARED[session]
-        shared[2] += 1
+        shared.users += 1
     try:
-        yield shared[0], shared[1]
+        yield shared.service, shared.follower
     finally:
         with _SHARED_LOCK:
-            shared[2] -= 1
-            if not shared[2]:
+            shared.users -= 1
+            if not shared.users:
                 del _SHARED[session]
-                shared[1].stop()
-                shared[0].stop()
+                shared.follower.stop()
+                shared.service.stop()
 
 
 class _Actor:

@@ -20,8 +20,8 @@ class WeightServer:
         self._lock = threading.Lock()
         self._httpd = http.server.ThreadingHTTPServer((host, 0), _handler(self))
         self._httpd.daemon_threads = True
+        # Started by the first `serve` (in `Session.run`): building a session starts no thread.
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="tandem-weight-server", daemon=True)
-        self._thread.start()
 
     def url(self, version: int) -> str:
         host, port = self._httpd.server_address[:2]
@@ -31,6 +31,8 @@ class WeightServer:
         """Serves `version`: its bytes are the chunks in order (`params_to_chunks`)."""
         with self._lock:
             self._latest = (version, chunks)
+            if self._thread.ident is None:
+                self._thread.start()
 
     def get(self, version: int) -> list[memoryview] | None:
         with self._lock:
@@ -39,7 +41,10 @@ class WeightServer:
             return self._latest[1]
 
     def close(self) -> None:
-        self._httpd.shutdown()
+        with self._lock:
+            serving = self._thread.ident is not None
+        if serving:  # `shutdown` waits for a `serve_forever` that has begun
+            self._httpd.shutdown()
         self._httpd.server_close()
 
 

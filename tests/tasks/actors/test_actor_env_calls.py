@@ -20,6 +20,7 @@ from tasks.buffer.channels import Channels
 from tasks.buffer.prompts import Prompt, prompt_message
 from tasks.config import ActorsConfig, BufferConfig, EnvConfig
 from tests.support.fault_envs import OneSessionEach
+from tests.support.waiting import wait_until
 
 MODEL = ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_len=32,
                     tokenizer=TokenizerConfig(alphabet="abc:!"))
@@ -134,10 +135,7 @@ class Running:
 
 
 def until(condition, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {DEADLINE_S}s: {what}"
-        time.sleep(0.01)
+    wait_until(condition, what, timeout_s=DEADLINE_S)
 
 
 def test_an_environment_whose_call_timed_out_serves_no_other_episode(sessions):

@@ -12,6 +12,7 @@ from tasks.actors import pool as pool_module
 from tasks.actors.pool import ActorPool
 from tasks.buffer.channels import Channels
 from tests.support.clusters import tagged_worker
+from tests.support.waiting import wait_until
 
 
 def plays_until_stopped(actor_id, setup):
@@ -25,13 +26,6 @@ def _exit():
 
 def running(client):
     return {key for keys in client.processing().values() for key in keys}
-
-
-def wait_until(predicate, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
 
 
 def test_an_actor_whose_only_worker_died_runs_again_on_its_restarted_worker(monkeypatch):

@@ -28,6 +28,7 @@ from tasks.actors.envs.guess_number import GuessNumber
 from tasks.buffer.filters import zero_variance
 from tasks.buffer.intake import IntakeRules, Pace
 from tests.conftest import free_port
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +86,16 @@ def reader_for(client, session, n_actors=3, capacity=8, start=True):
     return buffer
 
 
+def dispatched(buffer, n=3):
+    """Waits until the reader has dispatched a prompt to each of the `n` actors (prompt i
+    to actor i)."""
+    wait_until(lambda: buffer.rules.accounting()["in_flight"] >= n, f"{n} prompts dispatched", timeout_s=10)
+
+
 def test_groups_are_taken_in_arrival_order_not_submission_order(client):
     reader = reader_for(client, "fifo")
     try:
-        time.sleep(0.3)  # the reader dispatches prompts 0, 1, 2 to actors 0, 1, 2: A, B, C
+        dispatched(reader)  # prompts 0, 1, 2 to actors 0, 1, 2: A, B, C
         # Submitted A, B, C; B finishes first, then C, then A.
         futures = [client.submit(produce, actor, "fifo", actor, delay, pure=False)
                    for actor, delay in ((0, 1.5), (1, 0.1), (2, 0.8))]
@@ -103,13 +110,13 @@ def test_groups_are_taken_in_arrival_order_not_submission_order(client):
 def test_entry_checks_exclude_before_the_buffer(client):
     reader = reader_for(client, "entry")
     try:
-        time.sleep(0.3)
+        dispatched(reader)
         client.gather([
             client.submit(produce, 0, "entry", 0, 0.0, rewards=(1.0, 1.0), pure=False),  # zero variance
             client.submit(produce, 1, "entry", 1, 0.0, reward_nan=True, pure=False),  # invalid
             client.submit(produce, 2, "entry", 2, 0.0, pure=False)])
         assert reader.take().prompt_id == 2
-        time.sleep(0.3)
+        wait_until(lambda: sum(reader.rules.accounting()["excluded"].values()) == 2, "2 exclusions", timeout_s=10)
         accounting = reader.rules.accounting()
         assert accounting["excluded"] == {"filtered": 1, "invalid": 1} and balanced(accounting)
     finally:
@@ -119,7 +126,7 @@ def test_entry_checks_exclude_before_the_buffer(client):
 def test_a_full_buffer_blocks_the_producer_until_the_learner_takes(client):
     reader = reader_for(client, "full", n_actors=3, capacity=1)
     try:
-        time.sleep(0.3)
+        dispatched(reader)
         client.gather([client.submit(produce, 0, "full", 0, 0.0, pure=False)])  # fills it (and prefetch)
         client.gather([client.submit(produce, 1, "full", 1, 0.0, pure=False)])  # fills it again
         blocked = client.submit(produce, 2, "full", 2, 0.0, pure=False)
@@ -138,7 +145,7 @@ def test_an_item_put_but_never_reported_does_not_block_the_buffer(client):
     next actor's put into the full queue goes through."""
     buffer = reader_for(client, "orphan", n_actors=3, capacity=1)
     try:
-        time.sleep(0.3)  # prompts 0, 1, 2 dispatched to actors 0, 1, 2
+        dispatched(buffer)
         Queue(Channels("orphan").buffer, client=client).put(groups_to_wire([make_group(7)]))
         produced = client.submit(produce, 1, "orphan", 1, 0.0, pure=False)
         assert buffer.take().prompt_id == 1  # before the fix: blocked for good (the test's timeout)

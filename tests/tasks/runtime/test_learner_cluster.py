@@ -16,6 +16,7 @@ from distributed import Client, LocalCluster
 from learner.config import LearnerConfig
 from tasks.runtime.learner_cluster import ClusterProcesses, cluster_environ, learner_client, learner_workers
 from tests.support.learner_programs import follower, leader
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +43,6 @@ def events_until(processes, kind, timeout_s=60):
             if event[0] == kind:
                 return seen
     raise AssertionError(f"no {kind} event: {seen}")
-
-
-def wait_until(condition, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
 
 
 def alive(pid_file: Path) -> bool:
