@@ -15,8 +15,8 @@ in a random order that takes each once in every six:
            time in one flow run exhausts the task's retries);
   sigterm  SIGTERM to `tandem run` alone (what `timeout` sends): it must exit 143 within
            `SIGTERM_S`, no process of it left, then `tandem resume`;
-  server   kill -9 of the Prefect server, restarted `SERVER_DOWN_S` later on its port: the
-           run trains on, its records reach the server once it is back;
+  server   kill -9 of the local Prefect server that `tandem run` started: the run starts it
+           again on its database and trains on (`flows.server.ServerKeeper`);
   hang     one environment call hangs for `HANG_S`, past `env.step_timeout_s`: its group is
            aborted and retried.
 When the time is up, the run is stopped the same way as `run` and resumed with
@@ -29,7 +29,8 @@ figures, from `metrics.jsonl`, `accounting.json` and the latest checkpoint's rec
 and whether the accounting balances, the steps run 1..N without a gap, the checkpoint's
 record agrees with the metrics, the run finished (exit 0 at `learner.steps`), each SIGTERM
 exited 143 in time leaving no process, and no flow run of the soak is left Running.
-Logs of each `tandem` go to RUN_DIR.logs/; the figures to RUN_DIR.logs/soak.json.
+Logs of each `tandem` go to RUN_DIR.logs/, the server's home too; the figures to
+RUN_DIR.logs/soak.json.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: the project's packages
 
-from flows.server import start_local_server
+from flows.server import own_server
 from flows.spec import load_spec
 from tasks.buffer.ledger import balanced
 from tasks.records.metrics_log import MetricsLog
@@ -63,7 +64,6 @@ SPEC = "specs/guess-number.yaml"
 FINAL_STEPS = 40  # steps trained after the last resume, at least: the run's end
 KINDS = ("worker", "learner", "run", "sigterm", "server", "hang")
 SIGTERM_S = 120  # a SIGTERM'd run checkpoints its next version and exits within this
-SERVER_DOWN_S = 30  # the Prefect server's outage
 HANG_S = 90  # an environment call's hang: past `env.step_timeout_s` (STEP_TIMEOUT_S)
 STEP_TIMEOUT_S = 10
 
@@ -75,8 +75,7 @@ class Soak:
     run_dir: Path
     env: dict
     rng: random.Random
-    port: int  # the Prefect server's
-    server: subprocess.Popen | None = None
+    port: int  # the local Prefect server's, which the first `tandem run` starts
     process: subprocess.Popen | None = None
     target: int | None = None  # learner.steps of the last resume: where the run must end
     launches: int = 0
@@ -93,10 +92,6 @@ class Soak:
     def cue(self) -> Path:
         """The file whose presence makes the next environment step hang (`games.stall`)."""
         return self.logs / "hang-cue"
-
-    def start_server(self) -> str:
-        url, self.server = start_local_server(self.port, home=self.logs / "prefect")
-        return url
 
     def launch(self, *args: str) -> None:
         self.launches += 1
@@ -118,8 +113,8 @@ class Soak:
     def kill(self, kind: str) -> None:
         """Brings a fault of `kind`; a process kind with nothing to kill right now (a learner
         between retries, say) gives way to killing the run."""
-        victim = {"worker": self._worker, "learner": self._learner}.get(kind, lambda: None)()
-        if kind in ("worker", "learner") and victim is None:
+        victim = {"worker": self._worker, "learner": self._learner, "server": self._server}.get(kind, lambda: None)()
+        if kind in ("worker", "learner", "server") and victim is None:
             kind = "run"
         self.kills[kind] += 1
         print(f"[{time.strftime('%H:%M:%S')}] {kind}" + (f" (pid {victim.pid})" if victim else ""), flush=True)
@@ -130,10 +125,7 @@ class Soak:
             self.terminate()
             self.resume()
         elif kind == "server":
-            os.killpg(self.server.pid, signal.SIGKILL)
-            self.server.wait()
-            time.sleep(SERVER_DOWN_S)
-            self.start_server()
+            os.killpg(victim.pid, signal.SIGKILL)  # the server leads its own process group
         elif kind == "hang":
             self.cue.touch()
         else:
@@ -180,6 +172,10 @@ class Soak:
                   flush=True)
             self.resume()
 
+    def _server(self) -> psutil.Process | None:
+        pid = own_server(self.port)
+        return _process(pid) if pid is not None else None
+
     def _descendants(self) -> list[psutil.Process]:
         try:
             return psutil.Process(self.process.pid).children(recursive=True)
@@ -218,7 +214,8 @@ def soak(state: Soak, minutes: float, every: float) -> None:
     """Trains for `minutes` with a fault every `every` minutes, then brings the run to its end."""
     # No entry filter: the policy reaches 100% success within minutes, after which the
     # zero-variance filter drops nearly every group and the soak would train few steps.
-    state.launch("run", SPEC, "--set", "learner.stop_at_success=null", "--set", "learner.steps=1000000",
+    state.launch("run", SPEC, "--set", "learner.stop_at_success=null", "--set", "learner.plateau_steps=null",
+                 "--set", "learner.steps=1000000",
                  "--set", "buffer.filters=[]", "--set", "env.entrypoint=games.stall:Stall",
                  "--set", f"env.kwargs={{values: 12, max_guesses: 4, cue: '{state.cue}', hang_s: {HANG_S}}}",
                  "--set", f"env.step_timeout_s={STEP_TIMEOUT_S}",
@@ -266,6 +263,7 @@ def figures(run_dir: Path, state: Soak) -> dict:
         "exit_code": state.process.returncode, "kills": state.kills, "launches": state.launches,
         "early_exits": state.early_exits, "excluded": accounting["excluded"], "retried": accounting["retried"],
         "learner_sessions_failed_and_retried": _count_in_logs(run_dir, "stopping the actors of learner session"),
+        "server_restarts": _count_in_logs(run_dir, "stopped answering; starting it again"),
         "sigterms": state.sigterms, "hangs_taken": len(list(state.logs.glob("hang-cue.taken-*"))),
         "flow_runs": _flow_run_states(state),
     }
@@ -276,7 +274,7 @@ def _flow_run_states(state: Soak) -> dict:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: state.env["PREFECT_API_URL"]}), \
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{state.port}/api"}), \
             get_client(sync_client=True) as client:
         runs = client.read_flow_runs(limit=200)
     counts: dict = {}
@@ -303,16 +301,17 @@ def main() -> int:
     run_dir.with_suffix(".logs").mkdir(parents=True, exist_ok=True)
     # The runs' Dask workers import `games.stall` from here, as they would a user's environment module.
     pythonpath = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))
-    state = Soak(run_dir, {}, random.Random(args.seed), port=free_port())
-    url = state.start_server()
-    state.env = {**os.environ, "PREFECT_API_URL": url, "PYTHONPATH": pythonpath}
+    # The local server of `tandem run`, on a port and in a home of the soak's own (here too,
+    # for `own_server`); the code is this checkout's, wherever the `tandem` script was installed from.
+    os.environ.update({"TANDEM_PREFECT_PORT": str(free_port()), "TANDEM_HOME": str(run_dir.with_suffix(".logs")),
+                       "PREFECT_API_URL": ""})
+    state = Soak(run_dir, {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), pythonpath])},
+                 random.Random(args.seed), port=int(os.environ["TANDEM_PREFECT_PORT"]))
     try:
         soak(state, args.minutes, args.every)
         result = figures(run_dir, state)
     finally:
-        if state.server is not None:
-            state.server.terminate()
-            state.server.wait(timeout=30)
+        subprocess.run([TANDEM, "server", "stop"], cwd=ROOT, env=state.env, capture_output=True, timeout=120)
     (run_dir.with_suffix(".logs") / "soak.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     sound = (result["finished"] and result["accounting_balanced"] and result["steps_contiguous"]
