@@ -25,6 +25,7 @@ from tasks.records.loggers import Progress, is_routine
 from tasks.runtime.interrupt import INTERRUPT, signal_name
 
 CHATTY = "distributed"  # INFO on every connection, worker and shutdown step: WARNING unless verbose
+INTERNAL = "prefect._internal"  # Prefect's services (its event client's worker, say): ERROR and up
 
 
 class Routine(logging.Filter):
@@ -57,6 +58,32 @@ class OnceAndShort(logging.Filter):
         return True
 
 
+class ServerUnreachable(logging.Filter):
+    """While the Prefect server does not answer (killed, restarting), Prefect's event client
+    logs a warning per attempt and an error per event it gives up on, each with the whole
+    event: the terminal shows one line for such a spell (records less than `quiet_s` apart),
+    the log file keeps them all."""
+
+    NOISE = (("prefect.events.clients", "Unable to connect to"),
+             ("prefect._internal.concurrency", "Service 'EventsWorker' failed to process item"))
+
+    def __init__(self, quiet_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.quiet_s, self.clock, self._last = quiet_s, clock, None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not any(record.name.startswith(name) and record.getMessage().startswith(text) for name, text in self.NOISE):
+            return True
+        now, last = self.clock(), self._last
+        self._last = now
+        if last is not None and now - last < self.quiet_s:
+            return False
+        record.msg, record.args = ("the Prefect server does not answer: the UI may miss task-run states and "
+                                   "events from now until it does (training goes on; tandem.log has each)"), ()
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 @contextlib.contextmanager
 def terminal_logging(console: Console, verbose: bool, log_file: Path | None = None) -> Iterator[None]:
     """Routes log records to the terminal through `console`, so that they print above the
@@ -80,9 +107,16 @@ def terminal_logging(console: Console, verbose: bool, log_file: Path | None = No
     if not verbose:
         handler.addFilter(Routine())
         handler.addFilter(OnceAndShort())
+        handler.addFilter(ServerUnreachable())
         chatty.setLevel(logging.WARNING)
     for h in replaced:
         root.removeHandler(h)
+    # Prefect's internal logger prints on its own handler: here, through ours and to the file.
+    internal = logging.getLogger(INTERNAL)
+    internal_handlers, internal_propagate = list(internal.handlers), internal.propagate
+    for h in internal_handlers:
+        internal.removeHandler(h)
+    internal.propagate = True
     to_file = _file_handler(log_file) if log_file is not None else None
     if to_file is not None:
         root.addHandler(to_file)  # before the terminal's, whose filter drops tracebacks
@@ -98,6 +132,9 @@ def terminal_logging(console: Console, verbose: bool, log_file: Path | None = No
             to_file.close()
         for h in replaced:
             root.addHandler(h)
+        internal.propagate = internal_propagate
+        for h in internal_handlers:
+            internal.addHandler(h)
         chatty.setLevel(chatty_level)
         if dask_env:
             del os.environ["DASK_LOGGING__DISTRIBUTED"]

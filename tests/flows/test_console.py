@@ -15,7 +15,7 @@ from rich.console import Console
 
 from flows import cli
 from flows.cli import main
-from flows.console import LiveDisplay, terminal_logging
+from flows.console import LiveDisplay, ServerUnreachable, terminal_logging
 from flows.server import server_command
 from flows.spec import load_spec
 from tasks.records.loggers import ROUTINE, Progress
@@ -107,6 +107,27 @@ def test_a_failure_reaches_the_terminal_once_without_its_traceback(tmp_path):
     assert "Finished in state Failed" not in shown
     logged = log_file.read_text()  # the whole of it, tracebacks included
     assert logged.count("Traceback") == 2 and "Finished in state Failed" in logged
+
+
+def test_a_server_outage_reaches_the_terminal_as_one_line_and_the_log_file_whole(tmp_path, monkeypatch):
+    out, log_file, clock = io.StringIO(), tmp_path / "tandem.log", [0.0]
+    monkeypatch.setattr(ServerUnreachable, "__init__",
+                        lambda self: logging.Filter.__init__(self) or setattr(self, "quiet_s", 60.0)
+                        or setattr(self, "clock", lambda: clock[0]) or setattr(self, "_last", None))
+    events, internal = logging.getLogger("prefect.events.clients"), logging.getLogger("prefect._internal.concurrency")
+    with (temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}),
+          terminal_logging(Console(file=out, width=200), verbose=False, log_file=log_file)):
+        for second in (0, 7, 14, 21, 200):  # one spell of 21 s, then another
+            clock[0] = float(second)
+            events.warning("Unable to connect to %r. Reason: %s", "ws://127.0.0.1:1/api/events/in", "refused")
+            internal.error("Service %r failed to process item %r", "EventsWorker", "Event(" + "x" * 2000 + ")")
+        internal.error("Service %r failed at something else", "Other")
+    shown = out.getvalue()
+    assert shown.count("the Prefect server does not answer") == 2 and "xxxx" not in shown
+    assert "failed at something else" in shown  # other errors pass
+    logged = log_file.read_text()
+    assert logged.count("Unable to connect") == 5 and logged.count("failed to process item") == 5
+    assert logging.getLogger("prefect._internal").propagate is False  # restored
 
 
 @pytest.mark.parametrize("verbose", [False, True])
