@@ -263,7 +263,7 @@ def figures(run_dir: Path, state: Soak) -> dict:
         "exit_code": state.process.returncode, "kills": state.kills, "launches": state.launches,
         "early_exits": state.early_exits, "excluded": accounting["excluded"], "retried": accounting["retried"],
         "learner_sessions_failed_and_retried": _count_in_logs(run_dir, "stopping the actors of learner session"),
-        "server_restarts": _count_in_logs(run_dir, "stopped answering; starting it again"),
+        "server_restarts": _count_in_logs(run_dir, "tandem.server - the Prefect server at"),
         "sigterms": state.sigterms, "hangs_taken": len(list(state.logs.glob("hang-cue.taken-*"))),
         "flow_runs": _flow_run_states(state),
     }
