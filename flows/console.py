@@ -12,6 +12,7 @@ import collections
 import contextlib
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -98,7 +99,11 @@ def terminal_logging(console: Console, verbose: bool, log_file: Path | None = No
     dask_env = "DASK_LOGGING__DISTRIBUTED" not in os.environ
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "info" if verbose else "warning")
     root, chatty = logging.getLogger(), logging.getLogger(CHATTY)
-    replaced, chatty_level = [h for h in root.handlers if isinstance(h, PrefectConsoleHandler)], chatty.level
+    # Prefect's console handler, and the plain one `logging.basicConfig` leaves (absl calls it
+    # when it logs before any handler is set): each would print every record a second time.
+    replaced = [h for h in root.handlers if isinstance(h, PrefectConsoleHandler)
+                or (type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.stdout))]
+    chatty_level = chatty.level
     handler, prefix = _handler(console)
     handler.setFormatter(PrefectFormatter(format=f"{prefix}%(name)s - %(message)s",
                                           flow_run_fmt=f"{prefix}Flow run %(flow_run_name)r - %(message)s",

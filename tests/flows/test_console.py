@@ -6,6 +6,7 @@ import io
 import logging
 import re
 import signal
+import sys
 
 import numpy as np
 import pytest
@@ -128,6 +129,23 @@ def test_a_server_outage_reaches_the_terminal_as_one_line_and_the_log_file_whole
     logged = log_file.read_text()
     assert logged.count("Unable to connect") == 5 and logged.count("failed to process item") == 5
     assert logging.getLogger("prefect._internal").propagate is False  # restored
+
+
+def test_a_plain_handler_left_on_the_root_prints_nothing_twice(monkeypatch):
+    """`logging.basicConfig`'s handler (absl installs it when it logs first) is set aside
+    while the terminal's handler runs, and put back after."""
+    stderr, out = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    plain = logging.StreamHandler()  # on sys.stderr, as basicConfig makes it
+    logging.getLogger().addHandler(plain)
+    try:
+        with (temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}),
+              terminal_logging(Console(file=out, width=200), verbose=False)):
+            logging.getLogger("tandem").warning("said once")
+        assert out.getvalue().count("said once") == 1 and "said once" not in stderr.getvalue()
+        assert plain in logging.getLogger().handlers
+    finally:
+        logging.getLogger().removeHandler(plain)
 
 
 @pytest.mark.parametrize("verbose", [False, True])
