@@ -82,11 +82,7 @@ class RunDir:
         return self.path / "flow-run"
 
     def versions(self) -> list[int]:
-        """The versions whose checkpoints are committed (Orbax's temporary directories,
-        N.orbax-checkpoint-tmp-..., are not versions)."""
-        if not self.checkpoints.is_dir():
-            return []
-        return sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit())
+        return committed_versions(self.checkpoints)
 
     def latest_version(self) -> int | None:
         return max(self.versions(), default=None)
@@ -105,3 +101,11 @@ class RunDir:
         """The step version `version` was published at, as its checkpoint records it (not
         `version × sync.interval`: a resume may have changed the interval)."""
         return self.checkpoint_record(version)["step"]
+
+
+def committed_versions(directory: Path) -> list[int]:
+    """The versions whose checkpoints in `directory` are committed (Orbax's temporary
+    directories, N.orbax-checkpoint-tmp-..., are not versions); [] with no directory."""
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import jax
 import orbax.checkpoint as ocp
 
+from tasks.run_dir import committed_versions
 from tasks.runtime.failures import DiskFull
 
 
@@ -73,7 +74,7 @@ class Checkpoints:
 
     def _committed(self) -> list[int]:
         """The versions on disk whole (Orbax's temporary directories are not versions)."""
-        return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+        return committed_versions(self.directory)
 
     def mismatch(self, version: int, abstract_state: Any) -> list[str]:
         """How the arrays of `version` differ from `abstract_state`'s: one line per array
