@@ -42,17 +42,19 @@ class Abort:
     message: str
     about: str = ""  # env-error: the exception's type; alphabet: the character; protocol: the part broken
     observation: str = ""  # alphabet: the observation that held it (shortened)
+    error: str = ""  # env-error: the exception's own message
 
     def __str__(self) -> str:
         return self.message
 
     def to_wire(self) -> dict:
         """Plain data, for the reports that cross Dask's queues."""
-        return {"kind": self.kind.value, "message": self.message, "about": self.about, "observation": self.observation}
+        return {"kind": self.kind.value, "message": self.message, "about": self.about, "observation": self.observation,
+                "error": self.error}
 
     @classmethod
     def from_wire(cls, wire: dict) -> Abort:
-        return cls(AbortKind(wire["kind"]), wire["message"], wire["about"], wire["observation"])
+        return cls(AbortKind(wire["kind"]), wire["message"], wire["about"], wire["observation"], wire["error"])
 
 
 @dataclasses.dataclass(frozen=True)

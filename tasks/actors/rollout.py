@@ -176,7 +176,7 @@ class GroupRunner:
             raise
         except Exception as e:  # an environment's failure aborts the group, never the actor
             raise EpisodeAborted(AbortKind.ENV_ERROR, f"env error: {type(e).__name__}: {e}",
-                                 about=type(e).__name__) from e
+                                 about=type(e).__name__, error=str(e)) from e
 
     def _encode(self, obs, *, first: bool) -> list[int]:
         if not isinstance(obs, str):

@@ -54,11 +54,10 @@ def classify(abort: Abort, entrypoint: str) -> Cause | None:
         return Cause(f"protocol: {abort.about}", f"the environment ({entrypoint}) breaks its protocol: {abort.message}",
                      'fix the environment (README, "Environments")')
     if abort.kind is AbortKind.ENV_ERROR:
-        error = abort.message.removeprefix(f"env error: {abort.about}: ")
         if abort.about == "SandboxUnavailable":
-            return Cause("sandbox", f"the code sandbox cannot run on the actors' machines: {error}",
+            return Cause("sandbox", f"the code sandbox cannot run on the actors' machines: {abort.error}",
                          "fix that on every Dask worker's machine, or use another environment")
-        return Cause(f"env error {abort.about}", f"the environment ({entrypoint}) raises {abort.about}: {error}",
+        return Cause(f"env error {abort.about}", f"the environment ({entrypoint}) raises {abort.about}: {abort.error}",
                      "fix the environment or its env.kwargs")
     return None
 
