@@ -17,8 +17,6 @@ from tasks.records.versions import VersionTable
 from tasks.run_dir import RunDir
 
 
-
-
 class TaskRecords:
     """The versions table, kept from version events and evaluations; the evaluations."""
 

@@ -27,15 +27,14 @@ def version_weights(spec, version: int) -> tuple[Any, int, Path | None]:
     Raises ValueError if the run directory holds neither.
     """
     run_dir = RunDir(spec.run_dir.resolve())
-    checkpoint = run_dir.checkpoints / str(version)
-    if checkpoint.is_dir():
+    if version in run_dir.versions():
         checkpoints = Checkpoints(run_dir.checkpoints, keep=None)
         try:
             abstract = abstract_train_state(spec.model, spec.learner, make_mesh(spec.learner.mesh))
             state, record = checkpoints.restore(version, abstract)
         finally:
             checkpoints.close()
-        return params_numpy(state), record["step"], checkpoint
+        return params_numpy(state), record["step"], checkpoints.path(version)
     kept = weights_path(run_dir.path, version)
     # The evaluation that kept them recorded the version's step (from its checkpoint) first.
     step = next((s["step"] for s in read_scores(run_dir.path) if s["version"] == version), None)
