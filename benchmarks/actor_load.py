@@ -44,8 +44,8 @@ LEARNERS = {"heavy": HEAVY, "spec": UNBOUNDED}
 
 def concurrency(latency: float, episodes: int, seconds: float, work: Path, learner: str) -> dict:
     groups = -(-episodes // 8)
-    overrides = [*LEARNERS[learner], f"env.latency_s={latency}", f"actors.actors={groups}", "actors.slots=1024",
-                 "learner.stop_at_success=null", "learner.steps=100000", "checkpoint.every=100000"]
+    overrides = [*LEARNERS[learner], f"env.latency_s={latency}", f"actors.groups_per_worker={groups}",
+                 "actors.slots=1024", "learner.stop_at_success=null", "learner.steps=100000", "checkpoint.every=100000"]
     cpu = _CpuMeter()
     result = run_pinned(SPEC, overrides, work / "concurrency", budget_s=seconds, stop=cpu.watch)
     steady = [r for r in result.records if r["step"] > 5]

@@ -94,8 +94,8 @@ def tandem(spec, seconds: float, actor_cores: set[int]) -> dict:
     from tasks.buffer.channels import Channels
     from tasks.buffer.exchange import Exchange
     from tasks.buffer.reader import BufferReader
-    from tasks.runtime.build import intake_rules
-    from tasks.runtime.weights import HttpTransport, WeightSource
+    from tasks.runtime.session.build import intake_rules
+    from tasks.runtime.session.weights import HttpTransport, WeightSource
 
     import jax
 
@@ -108,7 +108,7 @@ def tandem(spec, seconds: float, actor_cores: set[int]) -> dict:
         exchange = Exchange(channels, client, rules, reader, capacity=spec.buffer.capacity).start()
         weights.publish(jax.device_get(init_params(spec.model, 0)), new_version=False)
         pool = ActorPool(client, ActorSetup(channels, spec.env, spec.actors, spec.buffer, spec.model, 0),
-                         spec.actors.n_actors, log=lambda _: None)
+                         spec.actors.workers, log=lambda _: None)
         pool.start()
         try:
             return _count(reader, rules, spec, seconds)
@@ -130,7 +130,7 @@ def _count(reader, rules, spec, seconds: float) -> dict:
         reader.take(1)
         if counted is None and played() > 4000:  # warm: compiled, the engine full
             counted, start, deadline = played(), time.perf_counter(), time.perf_counter() + seconds
-    return {"run": f"tandem actor ({spec.actors.actors} groups at once, {spec.actors.slots} slots)",
+    return {"run": f"tandem actor ({spec.actors.groups_per_worker} groups at once, {spec.actors.slots} slots)",
             "episodes_per_s": (played() - counted) / (time.perf_counter() - start)}
 
 

@@ -10,7 +10,7 @@
 2. Learner overhead. A real `BufferReader` (prefetch thread, reports, dispatch) fed by
    canned actors (real `BufferWriter`s putting a fixed group as fast as prompts come),
    and the default spec's `TrainStep`: the time `take` costs a step when the buffer is
-   not empty, and how much the intake thread slows the step itself, against the same
+   not empty, and how much the exchange thread slows the step itself, against the same
    steps with the reader closed; with all the learner's threads on one core (a host
    without an accelerator), and with XLA's threads on a core apart from Python's (as
    with an accelerator).

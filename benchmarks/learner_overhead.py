@@ -10,7 +10,7 @@ In two layouts of the learner process's threads:
 - "one core": all of them on the learner's core, as on a host without an accelerator,
   where the intake's CPU work is taken from the train step;
 - "device apart": XLA's threads (the train step's computation) alone on the learner's
-  core and the Python threads (the step's dispatch, `take`, the intake thread, the Dask
+  core and the Python threads (the step's dispatch, `take`, the exchange thread, the Dask
   client) on the host cores, as with an accelerator, which computes apart from the host.
 """
 

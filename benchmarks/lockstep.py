@@ -1,5 +1,5 @@
 """(g) What a multi-host learner's lockstep costs per step: process 0's announcements and
-the batch it broadcasts (`tasks.runtime.lockstep`), on this machine's loopback.
+the batch it broadcasts (`tasks.runtime.session.lockstep`), on this machine's loopback.
 
 Runs itself as 2 processes × 2 CPU devices joined by `jax.distributed` (gloo), as
 `learner.hosts: 2` does, and times on process 0: one announcement (a broadcast of 3
@@ -27,7 +27,7 @@ def host(rows: int, repeats: int) -> None:
 
     from learner import multihost
     from learner.batching import empty_batch
-    from tasks.runtime import lockstep
+    from tasks.runtime.session import lockstep
 
     multihost.initialize(2)
     lead = jax.process_index() == 0
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
-    from tasks.runtime.hosts import coordinator_environ
+    from tasks.runtime.processes.hosts import coordinator_environ
 
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(REPO)}

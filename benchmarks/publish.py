@@ -31,7 +31,7 @@ import urllib.request
 import numpy as np
 
 from learner.serialization import params_from_bytes, params_to_chunks
-from tasks.runtime.weight_server import WeightServer
+from tasks.runtime.session.weight_server import WeightServer
 
 MODELS = {
     "100M": dict(d_model=768, n_layers=10, n_heads=12, n_kv_heads=12, d_ff=3072, vocab=8192),

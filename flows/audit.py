@@ -153,9 +153,10 @@ class Recommendation:
     @property
     def overrides(self) -> list[str]:
         """The recommendation as `tandem run --set` values."""
-        out = [f"learner.mode={self.mode}", f"actors.workers={self.workers}", f"actors.actors={self.actors}",
-               f"actors.slots={self.slots}", f"learner.batch_groups={self.batch_groups}",
-               f"buffer.capacity={self.capacity}", f"sync.interval={self.sync_interval}",
+        out = [f"learner.mode={self.mode}", f"actors.workers={self.workers}",
+               f"actors.groups_per_worker={self.actors}", f"actors.slots={self.slots}",
+               f"learner.batch_groups={self.batch_groups}", f"buffer.capacity={self.capacity}",
+               f"sync.interval={self.sync_interval}",
                f"learner.buckets=[{','.join(map(str, self.buckets))}]",
                f"learner.rows={'null' if self.rows is None else self.rows}",
                f"buffer.max_staleness={'null' if self.max_staleness is None else self.max_staleness}"]
@@ -200,7 +201,7 @@ def _recommend(m, spec, mode: str, workers: int, batch: int, budget: int | None,
         room = HEADROOM * admitted(admission, batch, interval, updates) / max(m.kept, 0.1)
         per_worker = math.ceil(min(needed * group_s, room) / workers)
     # No fewer than the audit measured the engine's throughput with: fewer may not fill it.
-    per_worker = max(per_worker, actors.actors)
+    per_worker = max(per_worker, actors.groups_per_worker)
     pool = Pool(workers, per_worker, batch, interval, updates, capacity=batch, retract=mode == "async",
                 admission=admission)
     p = predict(m, pool)
@@ -285,7 +286,7 @@ def actor_workers(spec) -> int:
 
 def spec_pool(spec) -> Pool:
     """The pool and pace as the spec is written."""
-    return Pool(spec.actors.workers, spec.actors.actors, spec.learner.batch_groups, spec.sync.interval,
+    return Pool(spec.actors.workers, spec.actors.groups_per_worker, spec.learner.batch_groups, spec.sync.interval,
                 spec.learner.updates_per_batch, spec.buffer.capacity, retract=spec.actors.on_sync == "retract",
                 admission=spec.buffer.max_staleness if spec.buffer.admission else None)
 
@@ -319,7 +320,8 @@ def render(spec, m, pool: Pool, p: Prediction, r: Recommendation, found: list[st
         f"  env step (own time)     {ms(m.env_step_s)}   + latency_s {m.latency_s:.3f} s",
         f"  group, played alone     {ms(m.group_compute_s)}   turns {np.mean(m.group_turns):.1f}, "
         f"{m.episode_tokens:.1f} tokens an episode",
-        f"  one actor core          {m.actor_groups_per_s:.0f} groups/s ({spec.actors.actors} at once, latency off)",
+        f"  one actor core          {m.actor_groups_per_s:.0f} groups/s "
+        f"({spec.actors.groups_per_worker} at once, latency off)",
         f"  groups kept             {m.kept:.0%} (not aborted, passing {list(spec.buffer.filters)})",
         f"  learner step            {ms(m.train_step_s)}   first (compile) {m.compile_s:.1f} s",
         f"  batching {m.batch_s * 1e3:.1f} ms/step, publishing {m.publish_s * 1e3:.1f} ms/version",

@@ -8,7 +8,7 @@ starts, or a change to a run's spec that `flows.spec_changes` refuses; 3 the run
 checkpointed, resumable with other settings); 130 interrupted (Ctrl-C: the run stopped on
 a checkpoint, and `tandem resume RUN_DIR` continues it); 143 terminated (SIGTERM, as Slurm,
 Kubernetes and `timeout` send it: stopped as by a Ctrl-C). A SIGKILL leaves no process of
-the run behind for long (`tasks.runtime.task`); `tandem resume RUN_DIR` continues it too.
+the run behind for long (`tasks.runtime.processes.task`); `tandem resume RUN_DIR` continues it too.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from flows.spec import Spec, SpecError, SpecIssue, load_spec
 from tasks.run_dir import RunDir
 
 BAD_SPEC = 2
-SHORT_OF_TARGET = 3  # a plateau or no learning signal (`tasks.runtime.stopping`)
+SHORT_OF_TARGET = 3  # a plateau or no learning signal (`tasks.runtime.session.stopping`)
 _verbose = False  # `--verbose`: the terminal shows Prefect's and Dask's INFO logs too
 # Where `tandem run` is, for its signal handler (`_on_signal`): "server" (waiting for a Prefect
 # server), "starting" (importing, say), "training" (Ctrl-C or SIGTERM stops the learner on a checkpoint).
@@ -209,7 +209,7 @@ def _new_or_continued(spec: Spec, fresh: bool) -> int | None:
     run_dir, version = spec.run_dir, RunDir(spec.run_dir).latest_version()
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return None
-    from tasks.runtime.task import run_dir_locked
+    from tasks.runtime.processes.task import run_dir_locked
 
     if run_dir_locked(run_dir):
         print(f"{shown(run_dir)} is in use by a running learner", file=sys.stderr)
@@ -258,8 +258,8 @@ def _resumable(args, spec: Spec) -> int | None:
 def _run(spec: Spec) -> int:
     """Trains `spec` through the flow, with a live display. A first Ctrl-C, or SIGTERM, ends
     training on its next version (checkpointed) and exits 130 (143); a second Ctrl-C stops
-    it at once (`tasks.runtime.interrupt`)."""
-    from tasks.runtime.interrupt import INTERRUPT
+    it at once (`tasks.runtime.processes.interrupt`)."""
+    from tasks.runtime.processes.interrupt import INTERRUPT
 
     try:
         return _run_and_say(spec)
@@ -272,7 +272,7 @@ def _run_and_say(spec: Spec) -> int:
     global _stage
     from rich.console import Console
 
-    from tasks.runtime.interrupt import handling, signal_name
+    from tasks.runtime.processes.interrupt import handling, signal_name
 
     console, started = Console(highlight=False, soft_wrap=True), time.monotonic()
     if not console.is_terminal:  # a pipe, a CI log: long lines rather than wrapped ones
@@ -304,7 +304,7 @@ def _on_signal(signum, frame) -> None:
     server starts. Elsewhere before the flow `_train` looks, once it can: Python runs a
     handler between any two bytecodes, where the exception can abort the interpreter (in a
     C extension's import: JAX's) or be printed and dropped (in a garbage collector's callback)."""
-    from tasks.runtime.interrupt import INTERRUPT
+    from tasks.runtime.processes.interrupt import INTERRUPT
 
     INTERRUPT.request(signum)
     if _stage == "server":
@@ -318,7 +318,7 @@ def _train(spec: Spec, console):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.server import ensure_api, ui_url
-    from tasks.runtime.interrupt import INTERRUPT
+    from tasks.runtime.processes.interrupt import INTERRUPT
 
     _stage = "server"
     try:
@@ -349,7 +349,7 @@ def _train(spec: Spec, console):
 
 def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
     """Says how the run ended and what to do next; the exit code."""
-    from tasks.runtime.interrupt import INTERRUPT
+    from tasks.runtime.processes.interrupt import INTERRUPT
 
     if INTERRUPT.is_set() or state.is_cancelled():  # Cancelled alone: the learner process had a SIGTERM
         return _interrupted(console, spec, last, seconds, INTERRUPT.signum or signal.SIGTERM)
@@ -368,7 +368,7 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
         console.print(f"Best version by eval score: {best['version']} (success {best['success_rate']:.0%} on "
                       f"{'held-out' if spec.eval.held_out else 'eval'} prompts); episodes: {tandem_command()} show {run_dir} --eval --version {best['version']}")
     console.print(f"Plots: {tandem_command()} report {run_dir}")
-    from tasks.runtime.stopping import StopReason
+    from tasks.runtime.session.stopping import StopReason
 
     return 0 if StopReason(result["stopped"]).reached_target else SHORT_OF_TARGET
 
@@ -376,7 +376,7 @@ def _outcome(console, spec: Spec, state, last, seconds: float) -> int:
 def _interrupted(console, spec: Spec, last, seconds: float, signum: int) -> int:
     """Says where an interrupted run stopped and how to resume it; 128 + `signum`, as a
     shell reports a process that `signum` ended (130 for Ctrl-C, 143 for SIGTERM)."""
-    from tasks.runtime.interrupt import signal_name
+    from tasks.runtime.processes.interrupt import signal_name
 
     version = RunDir(spec.run_dir).latest_version()
     step = RunDir(spec.run_dir).checkpoint_step(version) if version is not None else 0
@@ -395,9 +395,12 @@ def failure(state) -> str:
     """Why a flow run failed, in a few lines: the message of the exception that failed it,
     not Prefect's wrapping of it (its type and the task's name), and of that exception's
     own cause where it only wraps one ("learner failed: Unrecoverable: ...")."""
+    from tasks.runtime.session.failures import LearnerFailed
+
     error = state.result(raise_on_failure=False)
     message = str(error) if isinstance(error, BaseException) and str(error) else str(state.message)
-    message = message.removeprefix("learner failed: ")
+    if isinstance(error, LearnerFailed):
+        message = error.message
     return message if len(message) <= FAILURE_CHARS else message[: FAILURE_CHARS - 1] + "…"
 
 

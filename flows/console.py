@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress as Bar, TextColumn
 from rich.table import Column
 
 from tasks.records.loggers import Progress, is_routine
-from tasks.runtime.interrupt import INTERRUPT, signal_name
+from tasks.runtime.processes.interrupt import INTERRUPT, Interrupt, signal_name
 
 CHATTY = "distributed"  # INFO on every connection, worker and shutdown step: WARNING unless verbose
 INTERNAL = "prefect._internal"  # Prefect's services (its event client's worker, say): ERROR and up
@@ -170,9 +170,11 @@ class LiveDisplay:
     instead, marked by the `!` alone."""
 
     def __init__(self, console: Console, total_steps: int, stop_at_success: float | None,
-                 every_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+                 every_s: float = 15.0, clock: Callable[[], float] = time.monotonic,
+                 interrupt: Interrupt = INTERRUPT):
+        """`interrupt`: the stop requests it shows (this process's signals)."""
         self.console, self.total, self.target, self.every_s = console, total_steps, stop_at_success, every_s
-        self.clock = clock
+        self.clock, self.interrupt = clock, interrupt
         self.last: Progress | None = None
         self._times: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
         self._printed: float | None = None  # when the last plain line was printed
@@ -212,7 +214,7 @@ class LiveDisplay:
         if p is None:
             return "starting: Dask actors, the learner process, its first compile"
         success = f"success {p.success_rate:.0%} | " if p.success_rate is not None else ""
-        if INTERRUPT.is_set():  # what matters now, short enough to stay whole on a terminal
+        if self.interrupt.is_set():  # what matters now, short enough to stay whole on a terminal
             return f"version {p.version} | {success}{self._interrupt_note()}"
         signs = "".join(f"{_warned(text) if warned else text} | " for text, warned in p.collapse_signs())
         return (f"version {p.version} | {success}reward {p.reward_mean:.2f} | {signs}buffered {p.buffered} | "
@@ -227,11 +229,10 @@ class LiveDisplay:
         bound = "≤ " if self.target is not None else ""
         return f"ETA {bound}{int(seconds // 60)}:{int(seconds % 60):02d}"
 
-    @staticmethod
-    def _interrupt_note() -> str:
-        if INTERRUPT.now:
+    def _interrupt_note(self) -> str:
+        if self.interrupt.now:
             return "Ctrl-C twice: stopping at once"
-        return f"{signal_name(INTERRUPT.signum)}: stopping at the next version (Ctrl-C again: at once)"
+        return f"{signal_name(self.interrupt.signum)}: stopping at the next version (Ctrl-C again: at once)"
 
 
 def _warned(text: str) -> str:

@@ -23,8 +23,8 @@ from tasks.eval.results import best_version, read_scores, scores_path
 from tasks.eval.task import EvalCluster, EvalTarget, evaluate_version
 from tasks.records.episodes import eval_episodes_path, read_episodes
 from tasks.run_dir import RunDir
-from tasks.runtime.interrupt import blocking, deferred
-from tasks.runtime.version_weights import available_versions, version_weights
+from tasks.runtime.processes.interrupt import blocking, deferred
+from tasks.runtime.state.version_weights import available_versions, version_weights
 
 COLUMNS = ("version", "step", "success_rate", "reward_mean", "length_mean", "turns_mean", "episodes", "aborted",
            "eval_s")

@@ -10,7 +10,7 @@ from pathlib import Path
 from flows.spec import Spec
 from learner.hf import save_params
 from tasks.eval.results import best_version, read_scores
-from tasks.runtime.version_weights import version_weights
+from tasks.runtime.state.version_weights import version_weights
 
 
 def resolve_version(run_dir: Path, version: str) -> int:

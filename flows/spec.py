@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError, model_validator
 
-from learner.config import Frozen, LearnerConfig, ModelConfig
+from learner.config import FieldError, Frozen, LearnerConfig, ModelConfig
 from tasks.config import (
     ActorsConfig,
     BufferConfig,
@@ -46,8 +47,8 @@ class Spec(Frozen):
     @model_validator(mode="after")
     def _episodes_fit(self) -> "Spec":
         if self.learner.buckets[-1] < self.model.max_len:
-            raise ValueError(
-                f"learner.buckets: the largest bucket ({self.learner.buckets[-1]}) must hold "
+            raise FieldError(
+                "learner.buckets", f"the largest bucket ({self.learner.buckets[-1]}) must hold "
                 f"an episode of model.max_len ({self.model.max_len}) tokens"
             )
         return self
@@ -56,8 +57,8 @@ class Spec(Frozen):
     def _sync_mode_publishes_every_batch(self) -> "Spec":
         steps = self.learner.updates_per_batch
         if self.learner.mode == "sync" and self.sync.interval != steps:
-            raise ValueError(
-                f"sync.interval: learner.mode sync publishes once per batch, after its {steps} "
+            raise FieldError(
+                "sync.interval", f"learner.mode sync publishes once per batch, after its {steps} "
                 f"step(s) (learner.minibatches × learner.epochs); set it to {steps}")
         return self
 
@@ -69,7 +70,7 @@ class Spec(Frozen):
         per_batch, interval = self.learner.updates_per_batch, self.sync.interval
         if interval % per_batch:
             raise AcrossFields(
-                "sync.interval: must be a multiple of the steps a batch yields, {0} × {1} = "
+                "sync.interval", "must be a multiple of the steps a batch yields, {0} × {1} = "
                 f"{self.learner.minibatches} × {self.learner.epochs} = {per_batch}, or a version (and its "
                 "checkpoint) would fall mid-batch, and a resume from it would skip the rest of that batch; "
                 + _interval_that_fits(interval, per_batch, self.learner.steps),
@@ -84,8 +85,8 @@ class Spec(Frozen):
         if steps % interval:
             below, above = steps - steps % interval, steps - steps % interval + interval
             nearest = f"{below} or {above}" if below else f"{above}"
-            raise ValueError(
-                f"learner.steps: must be a multiple of sync.interval ({interval}), or the last "
+            raise FieldError(
+                "learner.steps", f"must be a multiple of sync.interval ({interval}), or the last "
                 f"{steps % interval} step(s) would never be published or checkpointed; use {nearest}")
         return self
 
@@ -95,8 +96,8 @@ class Spec(Frozen):
         hosts, minibatches = self.learner.hosts, self.learner.minibatches
         rows = self.learner.batch_rows(self.learner.batch_groups * self.actors.group_size)
         if rows % (hosts * minibatches):
-            raise ValueError(
-                f"learner.hosts: a batch's {rows} rows (learner.rows, or batch_groups × actors.group_size) "
+            raise FieldError(
+                "learner.hosts", f"a batch's {rows} rows (learner.rows, or batch_groups × actors.group_size) "
                 f"must split into learner.minibatches ({minibatches}) × hosts ({hosts}) equal parts")
         return self
 
@@ -114,7 +115,7 @@ class Spec(Frozen):
             parts = self.learner.minibatches * self.learner.hosts
             fits = -(-need // parts) * parts
             raise AcrossFields(
-                f"learner.rows: {rows} rows of the largest bucket, {{0}} = {bucket} tokens, may not hold a batch: "
+                "learner.rows", f"{rows} rows of the largest bucket, {{0}} = {bucket} tokens, may not hold a batch: "
                 f"{{1}} × {{2}} = {samples} episodes of up to {{3}} = {max_len} tokens, {bucket // max_len} to a "
                 f"row, need up to {need} rows; set learner.rows to {fits} (or null: a row per episode), or raise "
                 "the largest bucket", ("learner.buckets", "learner.batch_groups", "actors.group_size", "model.max_len"))
@@ -125,8 +126,8 @@ class Spec(Frozen):
         # A local cluster's workers all carry actors.resources only, each held by its actor
         # for the session: an evaluation asking for resources would wait for good.
         if self.eval.resources and self.actors.cluster == "local":
-            raise ValueError(
-                f"eval.resources: {self.eval.resources} need Dask workers started with them, which a local "
+            raise FieldError(
+                "eval.resources", f"{self.eval.resources} need Dask workers started with them, which a local "
                 "cluster does not have; set actors.cluster to a scheduler's address (and start `dask worker "
                 "ADDRESS --resources NAME=N`), or leave eval.resources empty to evaluate beside the actors")
         return self
@@ -145,14 +146,14 @@ class Spec(Frozen):
         return yaml.safe_dump(data, sort_keys=False)
 
 
-class AcrossFields(ValueError):
-    """A check across sections whose message, after its own field, names others: the
+class AcrossFields(FieldError):
+    """A check across sections whose message names other fields than its own (`path`): the
     `fields` at `{0}`, `{1}`, ... of `template`, each shown with its YAML line (or --set,
     or default) where the spec came from YAML (`_issue`), by its path alone otherwise."""
 
-    def __init__(self, template: str, fields: tuple[str, ...]):
+    def __init__(self, path: str, template: str, fields: tuple[str, ...]):
         self.template, self.fields = template, fields
-        super().__init__(self.render(lambda path: None))
+        super().__init__(path, self.render(lambda path: None))
 
     def render(self, where) -> str:
         """The message, each field followed by `where(field)` in parentheses, if not None."""
@@ -252,26 +253,137 @@ def parse_spec(text: str, overrides: list[str] = (), source: str = "<spec>") -> 
         data = {}
     if not isinstance(data, dict):
         raise SpecError(source, [SpecIssue("", 1, f"a spec is a mapping of sections, not a {type(data).__name__}")])
-    overridden = [_apply_override(data, o, source) for o in overrides]
+    # Field paths as validated (new names) -> as the YAML or a --set wrote them, to locate
+    # and name an issue where its writer looks for it.
+    written: dict[tuple[str, ...], tuple[str, ...]] = {}
+    for old, new in _renamed_fields(data, (), lambda old, new: _both_in_yaml(source, old, new, node)):
+        _warn_renamed(source, old, new, f"line {_line_of(node, old)}")
+        written[new] = old
+    overridden, written = _apply_overrides(data, overrides, source, written)
     try:
         spec = Spec.model_validate(data)
     except ValidationError as e:
         # Every error at once: also what the sections that are valid on their own lack.
-        raise SpecError(source, [_issue(err, node, overridden) for err in e.errors()]
-                        + _runnable_issues(_valid_sections(data), node, overridden)) from None
-    issues = _runnable_issues(spec, node, overridden)
+        raise SpecError(source, [_issue(err, node, overridden, written) for err in e.errors()]
+                        + _runnable_issues(_valid_sections(data), node, overridden, written)) from None
+    issues = _runnable_issues(spec, node, overridden, written)
     if issues:
         raise SpecError(source, issues)
     return spec
 
 
-def _runnable_issues(spec: Spec | SimpleNamespace, root: yaml.Node | None,
-                     overridden: list[tuple[str, ...]]) -> list[SpecIssue]:
-    return [_located(tuple(path.split(".")), message, root, overridden)
+# --- Renamed fields ---------------------------------------------------------------------
+
+# Fields renamed (old path: new path). A spec, or a --set, that still writes an old name is
+# read as if it wrote the new one, with a RenamedField warning; one that writes both is
+# refused. A rename is one line here (and the field's new name in its section's model).
+RENAMED = {
+    "actors.actors": "actors.groups_per_worker",  # beside actors.workers, it read as a count of actors
+}
+_NEW_PATHS = {tuple(new.split(".")) for new in RENAMED.values()}
+
+
+class RenamedField(FutureWarning):
+    """A spec writes a field by its old name (`RENAMED`). A FutureWarning, as Python shows
+    those to the users of a program by default: a spec's author is one."""
+
+
+def _renamed_fields(data: dict, at: tuple[str, ...], both) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Moves each field of `RENAMED` that `data`, the mapping at path `at` of a spec, writes
+    by its old name to its new one; returns the (old, new) paths moved. Where `data` writes
+    both names, calls `both(old, new)`, which raises."""
+    moved = []
+    for old, new in ((tuple(o.split(".")), tuple(n.split("."))) for o, n in RENAMED.items()):
+        if old[: len(at)] != at or new[: len(at)] != at or len(old) == len(at):
+            continue  # not inside `data` (a --set at or below an old name is renamed by its path)
+        parent = _mapping_at(data, old[len(at):-1])
+        if parent is None or old[-1] not in parent:
+            continue
+        target = _mapping_at(data, new[len(at):-1], create=True)
+        if target is None:  # the new name's section is not a mapping: validation says so
+            continue
+        if new[-1] in target:
+            both(old, new)
+        target[new[-1]] = parent.pop(old[-1])
+        moved.append((old, new))
+    return moved
+
+
+def _mapping_at(data: dict, keys: tuple[str, ...], create: bool = False) -> dict | None:
+    """The mapping at `keys` under `data` (made where missing, if `create`); None if a value
+    on the way is not a mapping."""
+    for key in keys:
+        if create and key not in data:
+            data[key] = {}
+        data = data.get(key)
+        if not isinstance(data, dict):
+            return None
+    return data
+
+
+def _renamed_path(keys: tuple[str, ...]) -> tuple[tuple[str, ...], list[tuple[tuple[str, ...], tuple[str, ...]]]]:
+    """`keys` with an old name of `RENAMED` at its start replaced by the new, and [(old, new)]
+    of that rename ([] where there is none)."""
+    for o, n in RENAMED.items():
+        old, new = tuple(o.split(".")), tuple(n.split("."))
+        if keys[: len(old)] == old:
+            return new + keys[len(old):], [(old, new)]
+    return keys, []
+
+
+def _both_in_yaml(source: str, old: tuple[str, ...], new: tuple[str, ...], root: yaml.Node | None):
+    raise SpecError(source, [SpecIssue(".".join(old), _line_of(root, old), _both_names_message(
+        new, f"line {_line_of(root, new)}"))])
+
+
+def _warn_renamed(source: str, old: tuple[str, ...], new: tuple[str, ...], where: str, depth: int = 1) -> None:
+    """Warns of a spec that writes `old`; `depth`: the calls from parse_spec to here, so that
+    the warning shows where parse_spec was called (under load_spec: in this module)."""
+    warnings.warn(RenamedField(f"{source}: {'.'.join(old)} ({where}) is renamed {'.'.join(new)}; "
+                               "the old name is read for now"), stacklevel=2 + depth)
+
+
+def _both_names_message(new: tuple[str, ...], new_where: str) -> str:
+    """The message of an issue at a renamed field's old name, where the spec gives the new too."""
+    return f"the old name of {'.'.join(new)} ({new_where}), which the spec gives too; keep {'.'.join(new)} only"
+
+
+# --- Overrides and where issues are ----------------------------------------------------
+
+
+def _runnable_issues(spec: Spec | SimpleNamespace, root: yaml.Node | None, overridden: list[tuple[str, ...]],
+                     written: dict[tuple[str, ...], tuple[str, ...]]) -> list[SpecIssue]:
+    return [_located(tuple(path.split(".")), message, root, overridden, written)
             for path, message in runnable_problems(spec)]
 
 
-def _apply_override(data: dict, override: str, source: str) -> tuple[str, ...]:
+def _apply_overrides(data: dict, overrides: list[str], source: str,
+                     written: dict[tuple[str, ...], tuple[str, ...]]
+                     ) -> tuple[list[tuple[str, ...]], dict[tuple[str, ...], tuple[str, ...]]]:
+    """Applies the overrides in order; returns the paths they set, and `written` as they leave it."""
+    overridden: list[tuple[str, ...]] = []
+    set_as: dict[tuple[str, ...], tuple[str, ...]] = {}  # a renamed field -> the name a --set gave it
+    for override in overrides:
+        keys, renames = _apply_override(data, override, source)
+        # An override replaces what it sets, whichever name the YAML gave it: a run's
+        # spec.yaml, written under an old name, takes a --set by the new one.
+        written = {new: old for new, old in written.items() if new[: len(keys)] != keys}
+        names = {keys: keys} if keys in _NEW_PATHS else {}
+        for old, new in renames:
+            _warn_renamed(source, old, new, "--set", depth=2)
+            written[new] = names[new] = old
+        for new, name in names.items():
+            if set_as.setdefault(new, name) != name:  # two --set give it, one by each name
+                old = name if name != new else set_as[new]
+                raise SpecError(source, [SpecIssue(".".join(old), None, _both_names_message(new, "--set"))])
+        overridden.append(keys)
+    return overridden, written
+
+
+def _apply_override(data: dict, override: str, source: str
+                    ) -> tuple[tuple[str, ...], list[tuple[tuple[str, ...], tuple[str, ...]]]]:
+    """Sets `data` at the override's path (by its new name, if it writes an old one); returns
+    that path and the (old, new) paths of the renamed fields it wrote."""
     key, sep, raw = override.partition("=")
     keys = tuple(k for k in key.strip().split("."))
     if not sep or not all(keys):
@@ -281,44 +393,59 @@ def _apply_override(data: dict, override: str, source: str) -> tuple[str, ...]:
     except yaml.YAMLError as e:
         message = _yaml_issue(e, raw).message
         raise SpecError(source, [SpecIssue(key, None, f"value: {message}")]) from None
+    keys, renames = _renamed_path(keys)
+    if isinstance(value, dict):  # a section (or more) given whole: the fields inside it too
+        def both(old, new):
+            raise SpecError(source, [SpecIssue(".".join(old), None, _both_names_message(new, "--set"))])
+
+        renames += _renamed_fields(value, keys, both)
     target = data
     for i, k in enumerate(keys[:-1]):
         target = target.setdefault(k, {})
         if not isinstance(target, dict):
             raise SpecError(source, [SpecIssue(".".join(keys[: i + 1]), None, "is not a section")])
     target[keys[-1]] = value
-    return keys
+    return keys, renames
 
 
-def _issue(error: dict[str, Any], root: yaml.Node | None, overridden: list[tuple[str, ...]]) -> SpecIssue:
+def _issue(error: dict[str, Any], root: yaml.Node | None, overridden: list[tuple[str, ...]],
+           written: dict[tuple[str, ...], tuple[str, ...]]) -> SpecIssue:
     loc = tuple(str(p) for p in error["loc"])
     message = error["msg"]
-    across = error.get("ctx", {}).get("error")
-    if isinstance(across, AcrossFields):  # the other fields it names, located too
-        message = "Value error, " + across.render(lambda path: _where(tuple(path.split(".")), root, overridden))
-    # Checks across fields have no location of their own; they name their field first
-    # (relative to the section they validate, or absolute from the root).
-    named = re.match(r"Value error, ([\w.]+): (.*)", message, re.S)
-    if named:
-        loc, message = loc + tuple(named[1].split(".")), named[2]
+    raised = error.get("ctx", {}).get("error")
+    # A check of a model's fields has no location of its own: it names its field.
+    if isinstance(raised, FieldError):
+        loc, message = loc + tuple(raised.path.split(".")), raised.message
+    if isinstance(raised, AcrossFields):  # the other fields it names, located too
+        message = raised.render(lambda path: _where(tuple(path.split(".")), root, overridden, written))
     if error["type"] == "extra_forbidden":
         message = "unknown field"
-    return _located(loc, message, root, overridden)
+    return _located(loc, message, root, overridden, written)
+
+
+def _as_written(loc: tuple[str, ...], written: dict[tuple[str, ...], tuple[str, ...]]) -> tuple[str, ...]:
+    """Field path `loc` as the spec or its --set wrote it: by a renamed field's old name there."""
+    for new, old in written.items():
+        if loc[: len(new)] == new:
+            return old + loc[len(new):]
+    return loc
 
 
 def _located(loc: tuple[str, ...], message: str, root: yaml.Node | None,
-             overridden: list[tuple[str, ...]]) -> SpecIssue:
+             overridden: list[tuple[str, ...]], written: dict[tuple[str, ...], tuple[str, ...]]) -> SpecIssue:
     """The issue at field `loc`: on its YAML line, or marked --set if an override set it."""
-    path = ".".join(loc)
+    path = ".".join(_as_written(loc, written))
     if any(loc[: len(o)] == o for o in overridden):
         return SpecIssue(path, None, message)
-    return SpecIssue(path, _line_of(root, loc), message)
+    return SpecIssue(path, _line_of(root, _as_written(loc, written)), message)
 
 
-def _where(loc: tuple[str, ...], root: yaml.Node | None, overridden: list[tuple[str, ...]]) -> str:
+def _where(loc: tuple[str, ...], root: yaml.Node | None, overridden: list[tuple[str, ...]],
+           written: dict[tuple[str, ...], tuple[str, ...]]) -> str:
     """Where field `loc` got its value: "--set", "line N" of the YAML, or "default"."""
     if any(loc[: len(o)] == o for o in overridden):
         return "--set"
+    loc = _as_written(loc, written)
     node = root
     for part in loc:
         if not isinstance(node, yaml.MappingNode):
@@ -459,9 +586,10 @@ def runnable_problems(spec: Spec | SimpleNamespace) -> list[tuple[str, str]]:
     if isinstance(spec, Spec) and spec.eval.every is not None and not problems:
         try:
             _training_draws_outside_eval(spec)
-        except ValueError as e:  # its message names its field: eval.prompts, eval.n or data.source
-            field, _, message = str(e).partition(": ")
-            problems.append((field, message) if re.fullmatch(r"(eval|data)\.\w+", field) else ("eval", str(e)))
+        except FieldError as e:  # eval.prompts, eval.n or data.source
+            problems.append((e.path, e.message))
+        except ValueError as e:
+            problems.append(("eval", str(e)))
     return problems
 
 
@@ -508,7 +636,7 @@ def _loadable(path: str, name: str, load) -> list[tuple[str, str]]:
     try:
         loaded = load(name)
     except ValueError as e:
-        return [(path, _unprefixed(e, path))]
+        return [(path, _message(e, path))]
     if not callable(loaded):
         return [(path, f"{name!r} is a {type(loaded).__name__}, not a class or function")]
     return []
@@ -519,10 +647,10 @@ def _failing(path: str, check) -> list[tuple[str, str]]:
     try:
         check()
     except ValueError as e:
-        return [(path, _unprefixed(e, path))]
+        return [(path, _message(e, path))]
     return []
 
 
-def _unprefixed(error: ValueError, path: str) -> str:
-    # Errors raised at run time name their field ("data.source: ..."); the issue names it already.
-    return str(error).removeprefix(f"{path}: ")
+def _message(error: ValueError, path: str) -> str:
+    """`error`'s message in the issue at `path`, which names that field already."""
+    return error.message if isinstance(error, FieldError) and error.path == path else str(error)

@@ -10,6 +10,7 @@ is kept in `spec.yaml` itself, as a comment above the spec: the run's history of
 from __future__ import annotations
 
 import datetime
+import warnings
 from typing import Any
 
 import yaml
@@ -26,10 +27,14 @@ HISTORY = "# changed "  # how a line of the history begins
 def resolved(text: str) -> dict:
     """A run's `spec.yaml` as this version of Tandem resolves it: a field added since the
     run began reads as its default, not as a change (as the file read raw would)."""
-    from flows.spec import SpecError, parse_spec
+    from flows.spec import RenamedField, SpecError, parse_spec
 
     try:
-        return yaml.safe_load(parse_spec(text).to_yaml())
+        # A field the run's spec.yaml names by an old name reads as the new one; the run's
+        # own loading warned of it already, and this file is not one to fix here.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RenamedField)
+            return yaml.safe_load(parse_spec(text).to_yaml())
     except SpecError:  # no longer valid here: compared as written
         return yaml.safe_load(text)
 

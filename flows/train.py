@@ -22,10 +22,10 @@ from flows.spec_changes import changes_from, described, fixed, with_history
 from tasks.actors.cluster import actor_cluster
 from tasks.records.atomic import write_text_atomic
 from tasks.run_dir import RunDir
-from tasks.runtime.failures import Unrecoverable
-from tasks.runtime.interrupt import INTERRUPT, blocking, reclaim_sigterm
-from tasks.runtime.stopping import StopReason
-from tasks.runtime.task import learn, run_dir_locked
+from tasks.runtime.session.failures import Unrecoverable
+from tasks.runtime.processes.interrupt import INTERRUPT, blocking, reclaim_sigterm
+from tasks.runtime.session.stopping import StopReason
+from tasks.runtime.processes.task import learn, run_dir_locked
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -54,12 +54,12 @@ def prepare_run_dir(spec: Spec, log: Callable[[str], None] = print) -> Path:
 def train(spec: Spec):
     """Trains the spec's agent: actors on Dask stream groups to the learner task. Returns
     where training ended (`step`, `version`, `stopped`, `accounting`); a Cancelled state
-    (with that result) if Ctrl-C or SIGTERM stopped it (`tasks.runtime.interrupt`)."""
+    (with that result) if Ctrl-C or SIGTERM stopped it (`tasks.runtime.processes.interrupt`)."""
     reclaim_sigterm()  # from Prefect's engine, under `tandem run`: SIGTERM stops as Ctrl-C does
     run_dir = prepare_run_dir(spec, log=get_run_logger().info)
     _take_over(run_dir, log=get_run_logger().warning)
     with contextlib.ExitStack() as stack:
-        # The actors play on through a Ctrl-C or a SIGTERM, till the learner stops them (tasks.runtime.interrupt).
+        # The actors play on through a Ctrl-C or a SIGTERM, till the learner stops them (tasks.runtime.processes.interrupt).
         with blocking(signal.SIGINT, signal.SIGTERM):
             address = stack.enter_context(actor_cluster(spec.actors))
         # Stopped while the cluster started: nothing trained, nothing to stop.

@@ -17,7 +17,7 @@ from typing import Protocol, Sequence
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
-from learner.config import ModelConfig, TokenizerConfig
+from learner.config import FieldError, ModelConfig, TokenizerConfig
 from learner.tokenizer import BOS, EOS, CharTokenizer
 
 # Stand-ins rendered through the chat template, then cut out to find the framing.
@@ -75,7 +75,7 @@ class HFChat:
     def __init__(self, path: str | pathlib.Path):
         path = pathlib.Path(path)
         if not (path / "tokenizer.json").is_file():
-            raise ValueError(f"tokenizer.path: no tokenizer.json in {path}")
+            raise FieldError("tokenizer.path", f"no tokenizer.json in {path}")
         self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         settings = _read_json(path / "tokenizer_config.json")
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
@@ -131,7 +131,7 @@ def make_tokenizer(config: ModelConfig) -> ChatTokenizer:
     if config.tokenizer.kind == "hf":
         tokenizer = HFChat(config.tokenizer.path)
         if tokenizer.vocab_size > config.vocab_size:
-            raise ValueError(f"tokenizer: {tokenizer.vocab_size} ids do not fit the model's vocab {config.vocab_size}")
+            raise FieldError("tokenizer", f"{tokenizer.vocab_size} ids do not fit the model's vocab {config.vocab_size}")
         return tokenizer
     return CharChat(config.tokenizer)
 
@@ -164,7 +164,7 @@ def _stop_ids(path: pathlib.Path, settings: dict, tokenizer: Tokenizer) -> tuple
     ids.append(tokenizer.token_to_id(eos_text) if eos_text else None)
     stop = tuple(dict.fromkeys(i for i in ids if i is not None))
     if not stop:
-        raise ValueError(f"tokenizer.path: {path} declares no eos token, so an action could never end")
+        raise FieldError("tokenizer.path", f"{path} declares no eos token, so an action could never end")
     return stop
 
 

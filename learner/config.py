@@ -25,6 +25,16 @@ def cluster_placement(cluster: str) -> str:
     return cluster
 
 
+class FieldError(ValueError):
+    """A check that names the field at fault: `path`, relative to the model it validates (or
+    from the spec's root, for the spec's own checks), beside what is wrong with it. The spec's
+    loader puts the issue at that field and its YAML line, reading `path`, never the text."""
+
+    def __init__(self, path: str, message: str):
+        self.path, self.message = path, message
+        super().__init__(f"{path}: {message}")
+
+
 class Frozen(BaseModel):
     """Base of every spec section: immutable, unknown keys rejected."""
 
@@ -42,7 +52,7 @@ class TokenizerConfig(Frozen):
     @model_validator(mode="after")
     def _hf_needs_path(self) -> "TokenizerConfig":
         if self.kind == "hf" and self.path is None:
-            raise ValueError("path: a tokenizer of kind 'hf' needs the directory of its tokenizer.json")
+            raise FieldError("path", "a tokenizer of kind 'hf' needs the directory of its tokenizer.json")
         return self
 
     @field_validator("alphabet")
@@ -143,8 +153,8 @@ class LossConfig(Frozen):
     @model_validator(mode="after")
     def _cap_has_a_weight_to_cap(self) -> "LossConfig":
         if self.is_cap is not None and self.objective == "ppo":
-            raise ValueError(
-                "is_cap: objective 'ppo' has no importance weight to truncate (its clip is "
+            raise FieldError(
+                "is_cap", "objective 'ppo' has no importance weight to truncate (its clip is "
                 "around the behaviour policy); use 'tis' or 'decoupled-ppo'"
             )
         return self
@@ -200,7 +210,7 @@ class LearnerConfig(Frozen):
     # `stop_window` steps, reaches this (checked when a version is published); None: never.
     stop_at_success: float | None = Field(None, gt=0, le=1)
     stop_window: PositiveInt = 20
-    # A run ends by itself (README, "How a run ends"; `tasks.runtime.stopping`). Plateau:
+    # A run ends by itself (README, "How a run ends"; `tasks.runtime.session.stopping`). Plateau:
     # the windowed success (reward where none is reported) has not beaten its best by one
     # point for this many steps; None: never.
     plateau_steps: PositiveInt | None = None

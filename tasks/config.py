@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import (Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator,
                       model_validator)
 
-from learner.config import Frozen, cluster_placement
+from learner.config import FieldError, Frozen, cluster_placement
 
 class EnvConfig(Frozen):
     """The environment: a built-in name or "package.module:Class", constructed as Class(**kwargs)."""
@@ -33,11 +33,14 @@ class DataConfig(Frozen):
 
 class ActorsConfig(Frozen):
     """The actors: Dask worker processes, each running one actor task that plays up to
-    `actors` groups at once through one batched generation engine of `slots` decode slots."""
+    `groups_per_worker` groups at once through one batched generation engine of `slots`
+    decode slots."""
 
     cluster: str = "local"  # "local" (a LocalCluster of processes), "tcp://host:8786", or "module:Class"
     workers: PositiveInt = 1  # actor processes: Dask workers, one actor task each
-    actors: PositiveInt = 16  # groups each actor process plays at once
+    # Groups each actor process plays at once; named `actors` until renamed (a spec may
+    # still use that name: `flows.spec.RENAMED`).
+    groups_per_worker: PositiveInt = 16
     slots: PositiveInt = 128  # decode slots of each process's engine: episodes generating together
     group_size: int = Field(8, ge=2)  # episodes per prompt (the GRPO group)
     max_new_tokens: PositiveInt = 16  # tokens per action (one turn of the agent)
@@ -92,20 +95,15 @@ class ActorsConfig(Frozen):
     @model_validator(mode="after")
     def _memory_limit_is_the_local_clusters(self) -> "ActorsConfig":
         if self.memory_limit is not None and self.cluster != "local":
-            raise ValueError("memory_limit: applies to the local cluster only; give another cluster's "
+            raise FieldError("memory_limit", "applies to the local cluster only; give another cluster's "
                              "workers theirs where they start (`dask worker --memory-limit 4GiB`, "
                              "or a cluster class's cluster_kwargs, e.g. memory: 16GB)")
         return self
 
     @property
-    def n_actors(self) -> int:
-        """Actor tasks: one per worker process."""
-        return self.workers
-
-    @property
     def groups_at_once(self) -> int:
         """Groups played at once over all actor processes."""
-        return self.workers * self.actors
+        return self.workers * self.groups_per_worker
 
 
 class BufferConfig(Frozen):
@@ -125,7 +123,7 @@ class BufferConfig(Frozen):
     @model_validator(mode="after")
     def _admission_needs_budget(self) -> "BufferConfig":
         if self.admission and self.max_staleness is None:
-            raise ValueError("admission: needs buffer.max_staleness (the staleness budget)")
+            raise FieldError("admission", "needs buffer.max_staleness (the staleness budget)")
         return self
 
 
@@ -186,7 +184,7 @@ class EvalConfig(Frozen):
     @model_validator(mode="after")
     def _greedy_is_one_sample(self) -> "EvalConfig":
         if self.decoding == "greedy" and self.k != 1:
-            raise ValueError("k: greedy decoding plays each prompt once (k: 1); use decoding: sampled for pass@k")
+            raise FieldError("k", "greedy decoding plays each prompt once (k: 1); use decoding: sampled for pass@k")
         return self
 
     def due(self, version: int) -> bool:

@@ -7,7 +7,7 @@ For one spec it times
 - a group played alone, latency off: its compute and turns (the first `warmup` groups,
   which compile the engine, are not counted), its episodes' length, and the share of
   groups the buffer would keep (not aborted, passing the entry filters);
-- an actor process at full load: groups per second with `actors.actors` groups at once
+- an actor process at full load: groups per second with `actors.groups_per_worker` groups at once
   through one engine, latency off, in a process pinned to one core as a local cluster's
   worker runs;
 - the learner's step on a batch of the played groups (`TrainStep`, the compile timed
@@ -58,7 +58,7 @@ class Measurements:
     group_turns: tuple[int, ...]  # per group: turns of its longest episode
     episode_tokens: float  # mean tokens of an episode (what a batch packs)
     kept: float  # fraction of groups the buffer keeps (not aborted, passing the filters)
-    actor_groups_per_s: float  # one actor process on one core, latency off, actors.actors groups at once
+    actor_groups_per_s: float  # one actor process on one core, latency off, actors.groups_per_worker at once
     train_step_s: tuple[float, ...]  # per learner step after the compile, on the learner's cores
     compile_s: float  # the first learner step: compile and run
     batch_s: float  # batch_of_groups per step (host, before the step)
@@ -147,12 +147,13 @@ def measure_groups(spec, n: int, warmup: int, seed: int) -> list[tuple[Group, fl
 
 
 def measure_actor_rate(spec, seconds: float, seed: int) -> float:
-    """Groups per second of one actor process, latency off, `actors.actors` groups at once
-    (each replaced by the next prompt as it finishes), after a warm-up that compiles."""
+    """Groups per second of one actor process, latency off, `actors.groups_per_worker` groups
+    at once (each replaced by the next prompt as it finishes), after a warm-up that compiles."""
     env_class = resolve_entrypoint(spec.env.entrypoint)
     no_latency = spec.env.model_copy(update={"latency_s": 0.0})
     source = PromptSource(spec.data, env_class, spec.env.kwargs, seed)
-    envs = [[env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)] for _ in range(spec.actors.actors)]
+    envs = [[env_class(**spec.env.kwargs) for _ in range(spec.actors.group_size)]
+            for _ in range(spec.actors.groups_per_worker)]
 
     async def play(runner, until: float) -> int:
         done = 0

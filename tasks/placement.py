@@ -2,8 +2,8 @@
 or a cluster class that Tandem starts and scales), the workers that carry a resource, and
 the environment that joins several processes of one JAX program.
 
-The actors (`tasks.actors.cluster`), the learner's hosts (`tasks.runtime.learner_cluster`,
-`tasks.runtime.hosts`) and evaluation (`tasks.eval.task`) all place their work here.
+The actors (`tasks.actors.cluster`), the learner's hosts (`tasks.runtime.processes.learner_cluster`,
+`tasks.runtime.processes.hosts`) and evaluation (`tasks.eval.task`) all place their work here.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Iterator, Mapping
 
 from distributed import Client
 
+from learner.config import FieldError
 from tasks.entrypoints import load
 
 
@@ -22,7 +23,7 @@ def cluster_class(name: str, field: str = "actors.cluster") -> type:
     try:
         return load(name, {}, "cluster class")
     except ValueError as e:  # raised where the field is not in sight: name it
-        raise ValueError(f"{field}: {e}") from None
+        raise FieldError(field, str(e)) from None
 
 
 @contextlib.contextmanager

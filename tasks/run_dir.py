@@ -1,7 +1,7 @@
 """A run directory: the one place that names its files, and reads its versions.
 
   spec.yaml                the run's spec, as it last ran
-  checkpoints/{N}/         version N's checkpoint (`tasks.runtime.checkpoints`)
+  checkpoints/{N}/         version N's checkpoint (`tasks.runtime.state.checkpoints`)
   metrics.jsonl            one record per step, and the eval series (`tasks.records.metrics_log`)
   accounting.json          every prompt drawn, where it is now (`tasks.buffer.ledger`)
   episodes/v{N}.jsonl      a few episodes of training per version (`tasks.records.episodes`)
@@ -12,7 +12,8 @@
   learner.lock, learner.pid  held and written by the learner process while it runs
   flow-run                 the id of the flow run that trains it, or last did
 
-Only this module spells those names; the rest of Tandem asks a `RunDir`.
+Only this module spells those names; the rest of Tandem asks a `RunDir`. The run's
+versions table lives in the checkpoints' records (`versions_table`), nowhere else on disk.
 """
 
 from __future__ import annotations
@@ -89,13 +90,23 @@ class RunDir:
 
     def checkpoint_record(self, version: int) -> dict:
         """Version `version`'s checkpoint record: its step, data cursor and accounting."""
-        from tasks.runtime.checkpoints import Checkpoints  # Orbax: only when a checkpoint is read
+        from tasks.runtime.state.checkpoints import Checkpoints  # Orbax: only when a checkpoint is read
 
         checkpoints = Checkpoints(self.checkpoints, keep=None)
         try:
             return checkpoints.record(version)
         finally:
             checkpoints.close()
+
+    def versions_table(self) -> list[dict]:
+        """The run's versions table, one row per version checkpointed (`model-versions`): the
+        one each checkpoint's record carries, read from the latest that reads; [] with none."""
+        for version in reversed(self.versions()):
+            try:
+                return self.checkpoint_record(version)["versions"]
+            except Exception:  # damaged (the learner sets it aside on restore), or just replaced
+                continue
+        return []
 
     def checkpoint_step(self, version: int) -> int:
         """The step version `version` was published at, as its checkpoint records it (not

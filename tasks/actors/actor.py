@@ -1,5 +1,5 @@
 """The actor: a long-running Dask task, one per worker process, that turns prompts into
-groups in the buffer, playing up to `actors.actors` groups at once.
+groups in the buffer, playing up to `actors.groups_per_worker` groups at once.
 
 All the groups a process plays share its generation service (one batched engine) and one
 weight follower, whichever actor tasks of the session run there. The event loop plays the
@@ -123,11 +123,11 @@ class _Actor:
         self.id, self.setup, self.service, self.follower = actor_id, setup, service, follower
         self.prompts, self.stop, self.writer = prompts, stop, writer
         self.env_class = resolve_entrypoint(setup.env.entrypoint)
-        episodes = setup.actors.actors * setup.actors.group_size
+        episodes = setup.actors.groups_per_worker * setup.actors.group_size
         # One environment per episode played at once, reused through `reset` (None: the
         # place of a retired one, built anew when its set is next used).
         self.envs: list[list] = [[self._new_env() for _ in range(setup.actors.group_size)]
-                                 for _ in range(setup.actors.actors)]
+                                 for _ in range(setup.actors.groups_per_worker)]
         # Blocking environment calls: a thread for every episode at once (module docstring).
         self.calls = EnvCalls(EnvThreads(min(MAX_ENV_THREADS, episodes)))
         self.io = concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix=f"actor-{actor_id}-io")
@@ -138,7 +138,7 @@ class _Actor:
     async def run(self) -> dict:
         # The threads of async environments' own blocking work (`run_in_executor(None)`, as
         # the sandbox's): enough for every episode at once.
-        episodes = self.setup.actors.actors * self.setup.actors.group_size
+        episodes = self.setup.actors.groups_per_worker * self.setup.actors.group_size
         asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(min(256, episodes + 4)))
         flusher: asyncio.Task | None = None
         playing: set[asyncio.Task] = set()

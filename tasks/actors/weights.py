@@ -1,4 +1,4 @@
-"""The actors' end of weight publishing (`tasks.runtime.weights`): a thread that follows the
+"""The actors' end of weight publishing (`tasks.runtime.session.weights`): a thread that follows the
 published version and fetches each new one from the learner's weight server.
 
 One follower per actor process and session: the version is polled (one small scheduler

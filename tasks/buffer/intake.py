@@ -20,7 +20,7 @@ from tasks.buffer.prompts import Prompt, PromptSource
 
 
 def _locked(method):
-    """The learner's thread takes groups while the intake thread applies reports."""
+    """The learner's thread takes groups while the exchange thread (`tasks.buffer.exchange`) applies reports."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):

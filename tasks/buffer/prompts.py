@@ -11,6 +11,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from learner.config import FieldError
 from tasks.config import DataConfig
 
 
@@ -55,7 +56,7 @@ class PromptSource:
         else:
             lines = [line for line in read_jsonl(Path(config.source)) if line not in held_out]
             if not lines:
-                raise ValueError(f"data.source: every prompt of {config.source} is an eval prompt (eval.prompts)")
+                raise FieldError("data.source", f"every prompt of {config.source} is an eval prompt (eval.prompts)")
             self._text = lambda i: lines[i % len(lines)]
 
     def next(self) -> Prompt:
@@ -91,7 +92,7 @@ def _draw_outside(env, seed: str, held_out: frozenset[str]) -> str:
         if text not in held_out:
             return text
         text = env.task(random.Random(f"{seed}:{r}"))
-    raise ValueError(f"eval.n: {MAX_REDRAWS} draws of training prompts were all eval prompts "
+    raise FieldError("eval.n", f"{MAX_REDRAWS} draws of training prompts were all eval prompts "
                      f"({len(held_out)} held out): the environment has too few tasks; hold out fewer")
 
 
@@ -110,19 +111,19 @@ def read_jsonl(path: Path, field: str = "data.source") -> list[str]:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{field}: {path} line {n}: not UTF-8 (byte 0x{line[e.start]:02x} at "
+            raise FieldError(field, f"{path} line {n}: not UTF-8 (byte 0x{line[e.start]:02x} at "
                              f"offset {e.start} of the line); JSON Lines files are UTF-8") from None
         if not text.strip():
             continue
         try:
             record = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{field}: {path} line {n}: not JSON ({e.msg})") from None
+            raise FieldError(field, f"{path} line {n}: not JSON ({e.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
             raise ValueError(f'{field}: {path} line {n}: expected {{"prompt": "..."}}')
         prompts.append(record["prompt"])
     if not prompts:
-        raise ValueError(f"{field}: {path} holds no prompts")
+        raise FieldError(field, f"{path} holds no prompts")
     return prompts
 
 
@@ -131,17 +132,17 @@ def _lines(path: Path, field: str) -> Iterator[tuple[int, bytes]]:
     try:
         file = open_regular(path, MAX_DATA_BYTES, "a data file")
     except OSError as e:
-        raise ValueError(f"{field}: cannot read {path}: {e.strerror}") from None
+        raise FieldError(field, f"cannot read {path}: {e.strerror}") from None
     except Unreadable as e:
-        raise ValueError(f"{field}: {e}") from None
+        raise FieldError(field, f"{e}") from None
     except ValueError as e:  # a name the OS cannot take (a NUL byte in it)
-        raise ValueError(f"{field}: cannot read {str(path)!r}: {e}") from None
+        raise FieldError(field, f"cannot read {str(path)!r}: {e}") from None
     with file:
         read = 0
         for n, line in enumerate(file, 1):
             read += len(line)
             if read > MAX_DATA_BYTES:  # it grew since it was opened
-                raise ValueError(f"{field}: {path} holds more than a data file may ({_size(MAX_DATA_BYTES)})")
+                raise FieldError(field, f"{path} holds more than a data file may ({_size(MAX_DATA_BYTES)})")
             yield n, line.removesuffix(b"\n")
 
 

@@ -17,7 +17,7 @@ from learner.trajectory import Group
 from tasks.buffer.stats import IntakeCounts
 
 if TYPE_CHECKING:
-    from tasks.runtime.learner import Update
+    from tasks.runtime.session.learner import Update
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,14 +16,16 @@ LINEAGE_VERSIONS = 30  # versions drawn in the lineage diagram: the latest, past
 
 
 class VersionTable:
-    def __init__(self, scores: list[dict] = ()):
-        """`scores`: evaluations recorded before (a resumed run's, `tasks.eval.results`)."""
+    def __init__(self, rows: list[dict] = (), scores: list[dict] = ()):
+        """`rows`: the checkpointed versions' (`tasks.run_dir.RunDir.versions_table`);
+        `scores`: evaluations recorded before (a resumed run's, `tasks.eval.results`)."""
         self._rows: dict[int, dict] = {}
+        self.add_rows(rows)
         for line in scores:
             self.add_eval(line)
 
     def add_rows(self, rows: list[dict]) -> None:
-        """Checkpointed versions' rows (`tasks.runtime.run_state`); their eval columns stay."""
+        """Checkpointed versions' rows (`tasks.runtime.state.run_state`); their eval columns stay."""
         for row in rows:
             self._rows[row["version"]] = {**self._rows.get(row["version"], {}), **row}
 

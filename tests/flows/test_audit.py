@@ -48,7 +48,8 @@ def test_staleness_grows_with_the_update_rate_and_the_time_in_flight():
 
 
 def test_async_recommendation_feeds_the_learner_and_no_more():
-    spec = parse_spec("learner: {batch_groups: 4, buckets: [16]}\nactors: {actors: 2}\nmodel: {max_len: 16}\n")
+    spec = parse_spec("learner: {batch_groups: 4, buckets: [16]}\nactors: {groups_per_worker: 2}\n"
+                      "model: {max_len: 16}\n")
     m = measurements(step=0.2, latency=0.5, publish=0.002)
     r = recommend(m, spec, "async", workers=1)
     needed = 1.15 * 4 / 0.2  # groups/s, with headroom
@@ -56,7 +57,7 @@ def test_async_recommendation_feeds_the_learner_and_no_more():
     assert 0.95 <= r.busy <= 1.0 and r.sync_interval == 1 and r.capacity == 4
     # 32 samples of ~9 tokens: 16 rows of 32 (a multiple of 8), as many slots as 32 rows of 16
     assert r.rows == 16 and r.buckets == (32, 64)
-    assert "actors.on_sync=retract" in r.overrides and f"actors.actors={r.actors}" in r.overrides
+    assert "actors.on_sync=retract" in r.overrides and f"actors.groups_per_worker={r.actors}" in r.overrides
     assert "buffer.admission=true" in r.overrides and r.max_staleness == STALENESS_BUDGET  # 48 open: not binding
     sync = recommend(m, spec, "sync", workers=1)
     assert sync.actors == 5 and sync.sync_interval == 1 and sync.max_staleness is None  # a batch in one wave
@@ -72,7 +73,8 @@ def test_admission_caps_the_groups_open_at_what_the_budget_lets_the_learner_take
 
 
 def test_async_recommendation_stops_at_the_staleness_budget_when_feeding_the_learner_needs_more():
-    spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {actors: 2}\nmodel: {max_len: 16}\n")
+    spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {groups_per_worker: 2}\n"
+                      "model: {max_len: 16}\n")
     m = measurements(step=0.04, latency=0.5, publish=0.0001, rate=1000.0)  # feeding it: 1.15 * 400 groups/s * 2.05 s
     r = recommend(m, spec, "async", workers=1)
     assert r.max_staleness == STALENESS_BUDGET and "buffer.admission=true" in r.overrides
@@ -83,7 +85,8 @@ def test_async_recommendation_stops_at_the_staleness_budget_when_feeding_the_lea
 def test_where_the_budget_leaves_the_learner_idle_each_version_carries_more_groups():
     """A slow env: the budget admits a version every few seconds while a step takes ms, so
     the batch and the budget grow (and the train step with the batch); sync keeps its batch."""
-    spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {actors: 2}\nmodel: {max_len: 16}\n")
+    spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {groups_per_worker: 2}\n"
+                      "model: {max_len: 16}\n")
     fast = recommend(measurements(step=0.04, latency=0.5, publish=0.0001, rate=1000.0), spec, "async", workers=1)
     assert fast.busy >= IDLE and fast.batch_groups == 16 and fast.max_staleness == STALENESS_BUDGET
     slow_env = measurements(step=0.04, latency=8.0, publish=0.0001, rate=1000.0)  # a group takes 32 s
@@ -102,7 +105,8 @@ def test_where_the_budget_leaves_the_learner_idle_each_version_carries_more_grou
 def test_async_recommendation_opens_no_more_groups_than_the_actor_cores_can_play():
     """Actors bound by their own CPU (a sandboxed tool, say) finish no more groups for
     having more open: past the core's rate, groups only queue on it."""
-    spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {actors: 2}\nmodel: {max_len: 16}\n")
+    spec = parse_spec("learner: {batch_groups: 16, buckets: [16]}\nactors: {groups_per_worker: 2}\n"
+                      "model: {max_len: 16}\n")
     m = measurements(step=0.04, latency=0.5, publish=0.0001, rate=4.0)  # 4 groups/s of 2.05 s each
     r = recommend(m, spec, "async", workers=2)
     assert r.actors == -(-1.15 * 4.0 * 2 * 2.05 // 2)  # per worker: the cores' groups/s x a group's seconds
@@ -124,7 +128,7 @@ def test_each_recommendation_applies_to_a_spec_with_admission_on():
 
 
 def test_warnings_name_outpacing_and_starving():
-    spec = parse_spec("actors: {workers: 1, actors: 64}\nbuffer: {capacity: 8}\nlearner: {batch_groups: 4}")
+    spec = parse_spec("actors: {workers: 1, groups_per_worker: 64}\nbuffer: {capacity: 8}\nlearner: {batch_groups: 4}")
     m = measurements(group_compute=0.001, latency=0.0, step=1.0)
     assert any("outpace" in w for w in warnings(m, spec, spec_pool(spec), predict(m, spec_pool(spec))))
     m = measurements(kept=0.0)
@@ -134,7 +138,7 @@ def test_warnings_name_outpacing_and_starving():
 @pytest.mark.slow  # 37 s on 2 cores: CI's time (README, "The two commands")
 def test_audit_of_a_tiny_spec_prints_a_sane_prediction_and_recommendation(tmp_path, capsys):
     tiny = ["model.d_model=16", "model.n_layers=1", "model.d_ff=32", "actors.group_size=2",
-            "learner.batch_groups=4", "env.latency_s=0.1", "actors.actors=4"]  # 8 rows: one per test device
+            "learner.batch_groups=4", "env.latency_s=0.1", "actors.groups_per_worker=4"]  # 8 rows: one per test device
     out = tmp_path / "audit.json"
     code = main(["audit", "specs/guess-number.yaml", *[a for o in tiny for a in ("--set", o)],
                  "--groups", "2", "--train-steps", "2", "--env-steps", "20", "--json", str(out)])

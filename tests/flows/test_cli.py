@@ -114,3 +114,20 @@ def test_console_script_reports_without_a_traceback(tmp_path):
                                 text=True, timeout=60, check=False)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert "(line " in result.stderr
+
+
+def test_a_learner_failure_reaches_the_terminal_without_its_wrapping():
+    """The learner task's error names the learner; the terminal says "run failed:" already."""
+    import pickle
+    from types import SimpleNamespace
+
+    from flows.cli import failure
+    from tasks.runtime.session.failures import LearnerFailed, LearnerFailedUnrecoverably, Unrecoverable
+
+    error = pickle.loads(pickle.dumps(LearnerFailedUnrecoverably("NoProgress: no progress is possible")))
+    assert isinstance(error, Unrecoverable) and str(error) == "learner failed: NoProgress: no progress is possible"
+    state = SimpleNamespace(result=lambda raise_on_failure: error, message="Flow run failed")
+    assert failure(state) == "NoProgress: no progress is possible"
+    other = SimpleNamespace(result=lambda raise_on_failure: RuntimeError("disk on fire"), message="")
+    assert failure(other) == "disk on fire"
+    assert isinstance(LearnerFailed("x"), RuntimeError)

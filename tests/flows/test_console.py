@@ -20,10 +20,10 @@ from flows.console import LiveDisplay, ServerUnreachable, terminal_logging
 from flows.server import server_command
 from flows.spec import load_spec
 from tasks.records.loggers import ROUTINE, Progress
-from tasks.runtime.checkpoints import Checkpoints
-from tasks.runtime.interrupt import INTERRUPT
+from tasks.runtime.state.checkpoints import Checkpoints
+from tasks.runtime.processes.interrupt import Interrupt
 from tests.conftest import free_port
-from tests.tasks.runtime.test_session import session
+from tests.tasks.runtime.session.test_session import session
 
 SPEC = "name: x\nlearner:\n  steps: 8\nsync:\n  interval: 4\ncheckpoint:\n  dir: {run_dir}\n"
 
@@ -32,13 +32,6 @@ def progress(step: int, **fields) -> Progress:
     return Progress(**{"step": step, "version": step // 4, "reward_mean": 0.5, "success_rate": 0.25,
                        "buffered": 96, "learner_busy": 0.9, "loss": 0.1, "entropy": 0.43, "filtered_share": 0.375,
                        **fields})
-
-
-@pytest.fixture(autouse=True)
-def no_interrupt():
-    INTERRUPT.clear()
-    yield
-    INTERRUPT.clear()
 
 
 def test_display_off_a_terminal_prints_a_plain_line_at_most_every_few_seconds():
@@ -66,24 +59,28 @@ def test_display_marks_entropy_and_the_filtered_share_past_their_warning_levels(
 
 
 def test_display_says_what_a_ctrl_c_does():
-    display = LiveDisplay(Console(file=io.StringIO()), total_steps=100, stop_at_success=None)
+    interrupt = Interrupt()
+    display = LiveDisplay(Console(file=io.StringIO()), total_steps=100, stop_at_success=None, interrupt=interrupt)
     display.update(progress(5))
-    INTERRUPT.request()
+    interrupt.request()
     assert display.status().endswith("Ctrl-C: stopping at the next version (Ctrl-C again: at once)")
-    INTERRUPT.request()
+    interrupt.request()
     assert display.status().endswith("Ctrl-C twice: stopping at once")
-    INTERRUPT.clear()
-    INTERRUPT.request(signal.SIGTERM)  # what Slurm, Kubernetes and `timeout` send
+    sigterm = Interrupt()
+    display = LiveDisplay(Console(file=io.StringIO()), total_steps=100, stop_at_success=None, interrupt=sigterm)
+    display.update(progress(5))
+    sigterm.request(signal.SIGTERM)  # what Slurm, Kubernetes and `timeout` send
     assert display.status().endswith("SIGTERM: stopping at the next version (Ctrl-C again: at once)")
 
 
 def test_the_live_line_stays_whole_on_a_terminal_after_a_ctrl_c():
     """At 160 columns the step, the bar and what a Ctrl-C does all show, none cut ("step …")."""
     out = io.StringIO()
+    interrupt = Interrupt()
     with LiveDisplay(Console(file=out, width=160, force_terminal=True), total_steps=1000,
-                     stop_at_success=0.95) as display:
+                     stop_at_success=0.95, interrupt=interrupt) as display:
         display.update(progress(250))
-        INTERRUPT.request()
+        interrupt.request()
         display.refresh()
     shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue()).replace("\r", "\n").splitlines()
     assert [line for line in shown if line.strip()][-1].startswith("step 250/1000")

@@ -115,8 +115,8 @@ def test_a_failure_relaying_to_prefect_stops_the_actors_and_the_retry_trains(pre
     from prefect import flow
 
     from flows.spec import load_spec
-    from tasks.runtime import task as task_module
-    from tasks.runtime import task_records
+    from tasks.runtime.processes import task as task_module
+    from tasks.runtime.processes import task_records
 
     recorded = []
 

@@ -66,7 +66,7 @@ def exported_logits_match(run_dir, version, out) -> bool:
 
     from flows.spec import load_spec
     from learner.model import forward_fn
-    from tasks.runtime.version_weights import version_weights
+    from tasks.runtime.state.version_weights import version_weights
 
     spec = load_spec(run_dir / "spec.yaml")
     params, _, _ = version_weights(spec, version)

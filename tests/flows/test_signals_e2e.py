@@ -15,7 +15,7 @@ import pytest
 from prefect.client.orchestration import get_client
 
 from tasks.run_dir import RunDir
-from tasks.runtime.task import run_dir_locked
+from tasks.runtime.processes.task import run_dir_locked
 from tasks.buffer.ledger import balanced
 from tests.conftest import tandem
 from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, TINY, Terminal, left_behind, metrics, wait_for_version

@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.cli import main
-from flows.spec import SpecError, load_spec, parse_spec
+from flows.spec import RenamedField, SpecError, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
@@ -30,7 +31,9 @@ learner:
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
 def test_every_shipped_spec_validates(path):
-    spec = load_spec(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RenamedField)  # written with every field's current name
+        spec = load_spec(path)
     assert spec.name == path.stem
 
 
@@ -81,6 +84,71 @@ def test_overrides_are_yaml_and_validated():
     ]
     with pytest.raises(SpecError, match="path.to.field=value"):
         parse_spec("name: x\n", ["buffer.capacity"])
+
+
+# --- Renamed fields: read under their old names, with a warning -----------------------
+
+OLD_NAME = "name: x\nactors:\n  workers: 2\n  actors: 4\n"  # actors.actors: now actors.groups_per_worker
+NEW_NAME = OLD_NAME.replace("  actors: 4", "  groups_per_worker: 4")
+
+
+def test_a_renamed_field_in_the_yaml_is_read_with_a_warning_naming_its_line(tmp_path, capsys):
+    assert issubclass(RenamedField, FutureWarning)  # shown by default, to whoever runs tandem
+    with pytest.warns(RenamedField) as caught:
+        spec = parse_spec(OLD_NAME, source="old.yaml")
+    assert [str(w.message) for w in caught] == [
+        "old.yaml: actors.actors (line 4) is renamed actors.groups_per_worker; the old name is read for now"]
+    assert spec == parse_spec(NEW_NAME)
+    assert spec.actors.groups_per_worker == 4 and spec.actors.groups_at_once == 8
+    assert "groups_per_worker: 4" in spec.to_yaml() and "  actors: 4" not in spec.to_yaml()
+    path = tmp_path / "old.yaml"
+    path.write_text(OLD_NAME)
+    with pytest.warns(RenamedField, match=r"old\.yaml: actors\.actors \(line 4\) is renamed"):
+        assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: ok (x,")
+
+
+def test_a_renamed_field_in_an_override_is_read_with_a_warning():
+    with pytest.warns(RenamedField, match=r"^<spec>: actors\.actors \(--set\) is renamed actors\.groups_per_worker;"):
+        assert parse_spec("name: x\n", ["actors.actors=3"]).actors.groups_per_worker == 3
+    with pytest.warns(RenamedField, match=r"actors\.actors \(--set\)"):  # a section given whole, too
+        assert parse_spec("name: x\n", ["actors={workers: 2, actors: 3}"]).actors.groups_at_once == 6
+    # An override wins whichever name the YAML gave: a run's spec.yaml may hold the old one.
+    with pytest.warns(RenamedField, match=r"\(line 4\)"):
+        assert parse_spec(OLD_NAME, ["actors.groups_per_worker=5"]).actors.groups_per_worker == 5
+    with pytest.warns(RenamedField, match=r"\(--set\)"):
+        assert parse_spec(NEW_NAME, ["actors.actors=6"]).actors.groups_per_worker == 6
+
+
+def test_an_invalid_renamed_field_is_named_as_written():
+    with pytest.warns(RenamedField):
+        assert _issues(OLD_NAME.replace(": 4", ": 0")) == ["actors.actors (line 4): Input should be greater than 0"]
+    with pytest.warns(RenamedField):
+        assert _issues(NEW_NAME, ["actors.actors=0"]) == ["actors.actors (--set): Input should be greater than 0"]
+    with pytest.warns(RenamedField):  # set by its new name, the YAML's old one is gone
+        assert _issues(OLD_NAME, ["actors.groups_per_worker=0"]) == [
+            "actors.groups_per_worker (--set): Input should be greater than 0"]
+
+
+def test_both_names_of_a_renamed_field_are_an_error_naming_both():
+    assert _issues(OLD_NAME + "  groups_per_worker: 5\n") == [
+        "actors.actors (line 4): the old name of actors.groups_per_worker (line 5), which the spec gives too; "
+        "keep actors.groups_per_worker only"]
+    refused = ["actors.actors (--set): the old name of actors.groups_per_worker (--set), which the spec gives too; "
+               "keep actors.groups_per_worker only"]
+    for overrides in (["actors.groups_per_worker=4", "actors.actors=3"],
+                      ["actors.actors=3", "actors.groups_per_worker=4"],
+                      ["actors={actors: 3, groups_per_worker: 4}"]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RenamedField)
+            assert _issues("name: x\n", overrides) == refused, overrides
+
+
+def test_the_new_name_reads_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RenamedField)
+        assert parse_spec(NEW_NAME).actors.groups_per_worker == 4
+        assert parse_spec(NEW_NAME, ["actors.groups_per_worker=6"]).actors.groups_per_worker == 6
 
 
 def test_invalid_yaml_names_the_line():

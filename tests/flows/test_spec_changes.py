@@ -1,13 +1,15 @@
 """A run's spec changes only with intent: what a resume may change, what it refuses, and
 the history `spec.yaml` keeps (README, "Resuming a run")."""
 
+import warnings
+
 import pytest
 import yaml
 
-from flows.spec import parse_spec
+from flows.spec import RenamedField, parse_spec
 from flows.spec_changes import changes_from, described, differences, fixed, history, yaml_value
 from flows.train import prepare_run_dir  # a Prefect task: `.fn` is its function
-from tasks.runtime.failures import Unrecoverable
+from tasks.runtime.session.failures import Unrecoverable
 
 
 def spec_of(tmp_path, *overrides):
@@ -59,6 +61,16 @@ def test_a_field_added_since_the_run_began_is_no_change(tmp_path):
     assert changes_from(older, spec.to_yaml()) == []
     assert differences({"model": {"d_model": 64}}, {"model": {"d_model": 64, "qkv_bias": False}}) == [
         ("model.qkv_bias", None, False)]  # read raw, the same file differs
+
+
+def test_a_field_renamed_since_the_run_began_is_no_change(tmp_path):
+    """A run's spec.yaml written under a field's old name (flows.spec.RENAMED) reads it as the new."""
+    spec = spec_of(tmp_path)
+    older = spec.to_yaml().replace("  groups_per_worker: 16\n", "  actors: 16\n")
+    assert older != spec.to_yaml()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RenamedField)  # compared, not loaded: its loading warns, not this
+        assert changes_from(older, spec.to_yaml()) == []
 
 
 def test_a_value_is_shown_as_set_takes_it():

@@ -12,7 +12,7 @@ from tests.conftest import tandem
 pytestmark = pytest.mark.e2e
 
 SLOW = ["learner.steps=10", "learner.batch_groups=2", "sync.interval=1", "buffer.capacity=16",
-        "buffer.max_staleness=1", "buffer.max_retries=10", "actors.actors=4", "env.latency_s=0.15",
+        "buffer.max_staleness=1", "buffer.max_retries=10", "actors.groups_per_worker=4", "env.latency_s=0.15",
         "checkpoint.every=1000"]
 
 

@@ -1,5 +1,5 @@
 """Small programs in place of a learner's processes, for tests of where they run
-(`tests/tasks/runtime/test_learner_cluster.py`); importable in the processes those start."""
+(`tests/tasks/runtime/processes/test_learner_cluster.py`); importable in the processes those start."""
 
 import os
 import time

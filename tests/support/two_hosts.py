@@ -40,7 +40,7 @@ def final_params(run_dir, version: int) -> list[np.ndarray]:
     from learner.config import MeshConfig
     from learner.sharding import make_mesh
     from learner.train import abstract_train_state
-    from tasks.runtime.checkpoints import Checkpoints
+    from tasks.runtime.state.checkpoints import Checkpoints
 
     spec = load_spec(run_dir / "spec.yaml")
     mesh = make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])

@@ -4,7 +4,7 @@ checkpoint records it."""
 import numpy as np
 
 from tasks.run_dir import RunDir
-from tasks.runtime.checkpoints import Checkpoints
+from tasks.runtime.state.checkpoints import Checkpoints
 
 
 def test_versions_are_the_committed_checkpoints_only(tmp_path):

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -110,10 +109,10 @@ class OneToken:
 class Running:
     """An actor playing in a thread of its own, fed by `prompts`, writing to `writer`."""
 
-    def __init__(self, actors: int, group_size: int, step_timeout_s: float, prompts=None, service=None):
+    def __init__(self, groups: int, group_size: int, step_timeout_s: float, prompts=None, service=None):
         env = EnvConfig(entrypoint="tests.support.fault_envs:OneSessionEach", max_turns=2,
                         episode_timeout_s=DEADLINE_S, step_timeout_s=step_timeout_s)
-        setup = ActorSetup(Channels("test"), env, ActorsConfig(actors=actors, group_size=group_size),
+        setup = ActorSetup(Channels("test"), env, ActorsConfig(groups_per_worker=groups, group_size=group_size),
                            BufferConfig(), MODEL, seed=0)
         self.prompts, self.writer = prompts or Prompts(), Writer()
         self.actor = _Actor(0, setup, self.prompts, Stop(), self.writer, service or OneToken(), Follower())
@@ -141,7 +140,7 @@ def until(condition, what: str) -> None:
 def test_an_environment_whose_call_timed_out_serves_no_other_episode(sessions):
     """The timed-out group's environments are still inside `step` when the next groups
     start: fresh instances play those, and each retired one is closed once its step returns."""
-    running = Running(actors=1, group_size=2, step_timeout_s=0.2)
+    running = Running(groups=1, group_size=2, step_timeout_s=0.2)
     running.prompts.put("hang", "ok-1", "ok-2", "ok-3")
     groups = running.sent(4)
     assert groups[0].aborted.message == "env step timeout after 0.2s"
@@ -169,7 +168,7 @@ def test_hung_environment_calls_starve_neither_the_actor_nor_other_episodes(sess
     """Far more hung steps than the actor has threads for its environments (4 episodes at
     once) and than the old shared pool had (8): prompts are still read, other groups still
     played and flushed."""
-    running = Running(actors=2, group_size=2, step_timeout_s=0.1)
+    running = Running(groups=2, group_size=2, step_timeout_s=0.1)
     running.prompts.put(*[f"hang-{i}" for i in range(8)])  # 16 steps that never return
     running.prompts.put(*[f"ok-{i}" for i in range(4)])
     groups = running.sent(12)
@@ -193,7 +192,7 @@ def test_the_actor_warms_its_engine_up_before_it_reads_a_prompt(sessions):
             order.append(f"warm_up({in_flight})")
             return 1.5
 
-    running = Running(actors=3, group_size=2, step_timeout_s=1.0, prompts=Logged(), service=Warming())
+    running = Running(groups=3, group_size=2, step_timeout_s=1.0, prompts=Logged(), service=Warming())
     running.prompts.put("ok")
     running.sent(1)
     assert order[:2] == ["warm_up(6)", "prompt"]
@@ -235,8 +234,11 @@ def test_past_max_hung_a_hung_call_keeps_its_place_with_one_warning(caplog):
             threads.abandon(second)
             threads.abandon(second)
         assert len(caplog.records) == 1 and "max_hung" in caplog.text
+        # Whether a call gets a thread is decided inside `submit`, and both threads are held:
+        # no new thread, and the call cannot have run.
+        before = {t for t in threading.enumerate() if t.name == "tandem-env"}
         third = threads.submit(lambda: "third")
-        time.sleep(0.1)
+        assert not {t for t in threading.enumerate() if t.name == "tandem-env"} - before
         assert not third.done()  # its place is held by the hung call
     finally:
         release.set()
@@ -249,12 +251,14 @@ def test_environment_threads_are_daemons():
 
 
 class CleansUp:
-    """An async tool whose cancelled step cleans up (awaits) before it ends."""
+    """An async tool whose cancelled step cleans up (awaits) before it ends; `started` is
+    set once its step is under way."""
 
     def __init__(self, closes: list):
-        self.closes = closes
+        self.closes, self.started = closes, asyncio.Event()
 
     async def step(self, action):
+        self.started.set()
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
@@ -270,7 +274,7 @@ def test_an_async_call_cancelled_runs_until_its_cleanup_ends_then_its_env_closes
         calls, closes = EnvCalls(), []
         env = CleansUp(closes)
         step = asyncio.ensure_future(calls.call(env, env.step, "a"))
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(env.started.wait(), DEADLINE_S)
         step.cancel()
         assert calls.release(env) is False and closes == []  # still cleaning up: retired
         with pytest.raises(asyncio.CancelledError):
@@ -283,8 +287,17 @@ def test_an_async_call_cancelled_runs_until_its_cleanup_ends_then_its_env_closes
 
 
 class FailsToClose:
+    """A step that returns once `done` is set (at once, unless `held`: the test then knows
+    it is still running when it cancels it); a close that raises."""
+
+    def __init__(self, held=False):
+        self.started, self.done = threading.Event(), threading.Event()
+        if not held:
+            self.done.set()
+
     def step(self, action):
-        time.sleep(0.1)
+        self.started.set()
+        self.done.wait(30)
         return ":", 0.0, True, {}
 
     def close(self):
@@ -292,15 +305,20 @@ class FailsToClose:
 
 
 def test_closing_a_retired_env_never_raises(caplog):
+    env = FailsToClose(held=True)
+
     async def scenario():
-        calls, env = EnvCalls(EnvThreads(1)), FailsToClose()
+        calls = EnvCalls(EnvThreads(1))
         step = asyncio.ensure_future(calls.call(env, env.step, "a"))
-        await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(env.started.wait, DEADLINE_S), "the step did not start"
         step.cancel()
         return calls.release(env)
 
     with caplog.at_level(logging.WARNING, logger="tasks.actors.env_calls"):
-        assert asyncio.run(scenario()) is False
+        try:
+            assert asyncio.run(scenario()) is False
+        finally:
+            env.done.set()  # the step returns: the retired env is closed
         until(lambda: "closing a retired FailsToClose failed: OSError: already gone" in caplog.text, "the warning")
 
 

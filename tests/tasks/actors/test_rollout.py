@@ -18,6 +18,7 @@ from tasks.config import ActorsConfig, EnvConfig
 from tasks.actors.generation import GenerationService, make_engine
 from tasks.actors.rollout import GroupRunner
 from tasks.buffer.validation import invalid_reason
+from tests.support.waiting import wait_until
 
 MODEL = ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_len=32,
                     tokenizer=TokenizerConfig(alphabet="abc:!"))
@@ -162,9 +163,7 @@ def test_an_env_whose_step_outlives_its_group_is_not_free_until_it_returns(param
         assert group.aborted.message == "env step timeout after 0.2s"
         assert [runner.calls.release(env) for env in envs] == [False, False, False] and closed == []
         release.set()
-        deadline = time.monotonic() + 5
-        while len(closed) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(closed) == 3, "the 3 retired environments closed", timeout_s=30)
         assert sorted(map(id, closed)) == sorted(map(id, envs))
         free = [Countdown() for _ in range(3)]
         assert asyncio.run(runner.run(8, "p", 1, free)).aborted is None
@@ -242,9 +241,10 @@ def test_a_request_left_behind_by_a_closed_event_loop_does_not_stop_the_service(
             task.cancel()
 
         asyncio.run(abandon())  # closes its loop while the engine decodes the request
-        deadline = time.monotonic() + 30
-        while not service.engine.idle and time.monotonic() < deadline:  # decoded: its completion found no loop
-            time.sleep(0.01)
+        # Admitted, then decoded: its completion found no loop. (`idle` alone also holds
+        # before the engine has taken the request from the service's inbox.)
+        wait_until(lambda: sum(service.engine.admitted.values()) == 1 and service.engine.idle,
+                   "the abandoned request decoded", timeout_s=60)
         group = asyncio.run(runner_for(service).run(7, "p", 1, [Countdown() for _ in range(3)]))
     finally:
         service.stop()

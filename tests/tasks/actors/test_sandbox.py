@@ -15,6 +15,7 @@ import pytest
 
 from tasks.actors import sandbox
 from tasks.actors.sandbox import Limits, cgroup
+from tests.support.waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 UNPRIVILEGED = 12345  # a uid no one uses, for the sandbox's non-root mode
@@ -229,37 +230,28 @@ def test_the_process_limit_is_exact(tree_limits):
 
 
 def test_one_run_cannot_see_or_touch_another():
-    first_code = PRINT_NS + textwrap.dedent("""\
-        import time
+    # The first run writes its secret, takes a name the test can see, and waits (SIGUSR1
+    # blocked, so that it ends the wait, not the run) until the test has run the second.
+    marker = f"tfirst{os.getpid() % 10**6}"
+    first_code = PRINT_NS + textwrap.dedent(f"""\
+        import ctypes, signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGUSR1}})
         open('secret-of-the-first', 'w').write('mine')
-        time.sleep(1.5)
+        ctypes.CDLL(None).prctl(15, {marker.encode()!r})  # PR_SET_NAME
+        released = signal.sigtimedwait({{signal.SIGUSR1}}, 50) is not None
         print(open('secret-of-the-first').read(), sorted(os.listdir()))
+        print(released)
     """)
     first = []
-    thread = threading.Thread(target=lambda: first.append(sandbox.run(first_code, Limits(wall_s=10))))
+    thread = threading.Thread(target=lambda: first.append(sandbox.run(first_code, Limits(wall_s=60))))
     thread.start()
-    time.sleep(0.5)  # the first run is asleep
-    second = sandbox.run(textwrap.dedent(f"""\
-        import json, os
-        pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
-        cwds = {{}}
-        for pid in pids:
-            try:
-                cwds[pid] = sorted(os.listdir(f'/proc/{{pid}}/cwd'))
-            except OSError as e:
-                cwds[pid] = type(e).__name__
-        found = [d for top in ('/work', '/tmp', '/dev', '/etc', '/proc/1')
-                 for d, _, files in os.walk(top) if 'secret-of-the-first' in files]
-        kills = {{}}
-        for pid in ({os.getpid()}, {os.getppid()}, 1):  # signal 0: may it, and is it there?
-            try:
-                os.kill(pid, 0)
-                kills[pid] = 'may'
-            except OSError as e:
-                kills[pid] = type(e).__name__
-        print(json.dumps(dict(me=os.getpid(), pids=pids, cwds=cwds, found=found, kills=kills)))
-    """), Limits(wall_s=10))
-    thread.join()
+    try:
+        _wait_for_processes(marker, 1, "the first run, its secret written")
+        second = _second_run()
+    finally:
+        for pid in _processes_named(marker):
+            os.kill(pid, signal.SIGUSR1)
+        thread.join()
     seen = json.loads(second.stdout)
     assert seen["pids"] == [1, seen["me"]]  # its init and itself: no other run's, no host's
     assert seen["cwds"] == {"1": "PermissionError", str(seen["me"]): ["main.py"]}
@@ -268,7 +260,8 @@ def test_one_run_cannot_see_or_touch_another():
     # ignores any signal from inside it that it has no handler for.
     assert seen["kills"] == {str(os.getpid()): "ProcessLookupError", str(os.getppid()): "ProcessLookupError",
                              "1": "PermissionError" if os.geteuid() == 0 else "may"}
-    assert first[0].stdout.splitlines()[1] == "mine ['main.py', 'secret-of-the-first']"
+    # Released by the test: it ran all through the second run.
+    assert first[0].stdout.splitlines()[1:] == ["mine ['main.py', 'secret-of-the-first']", "True"]
     assert _processes_in(first[0].stdout.split()[0]) == []
 
 
@@ -338,9 +331,8 @@ def test_a_cancelled_run_is_killed():
 
     async def cancel_when_started():
         task = asyncio.ensure_future(sandbox.run_async(code, Limits(wall_s=30)))
-        deadline = time.monotonic() + 10
-        while len(_processes_named(marker)) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        # Off the loop, which starts the run meanwhile.
+        await asyncio.to_thread(_wait_for_processes, marker, 2, "the run and its child")
         assert len(_processes_named(marker)) == 2
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -371,6 +363,30 @@ def test_limits_of_the_wrong_kind_are_refused(kwargs, message):
 
 async def _both(fast: str, slow: str):
     return await asyncio.gather(sandbox.run_async(fast), sandbox.run_async(slow, Limits(wall_s=0.3)))
+
+
+def _second_run() -> sandbox.Result:
+    """What a run sees of another (and of its host) while that one runs."""
+    return sandbox.run(textwrap.dedent(f"""\
+        import json, os
+        pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
+        cwds = {{}}
+        for pid in pids:
+            try:
+                cwds[pid] = sorted(os.listdir(f'/proc/{{pid}}/cwd'))
+            except OSError as e:
+                cwds[pid] = type(e).__name__
+        found = [d for top in ('/work', '/tmp', '/dev', '/etc', '/proc/1')
+                 for d, _, files in os.walk(top) if 'secret-of-the-first' in files]
+        kills = {{}}
+        for pid in ({os.getpid()}, {os.getppid()}, 1):  # signal 0: may it, and is it there?
+            try:
+                os.kill(pid, 0)
+                kills[pid] = 'may'
+            except OSError as e:
+                kills[pid] = type(e).__name__
+        print(json.dumps(dict(me=os.getpid(), pids=pids, cwds=cwds, found=found, kills=kills)))
+    """), Limits(wall_s=10))
 
 
 def _probe_code(secret: str, socket_path: str, abstract: str, pids: list, sig: int = 0, kill_all: bool = False) -> str:
@@ -443,6 +459,10 @@ def _parents(path: str) -> list:
     while parents[-1] != "/":
         parents.append(os.path.dirname(parents[-1]))
     return parents
+
+
+def _wait_for_processes(comm: str, n: int, what: str) -> None:
+    wait_until(lambda: len(_processes_named(comm)) >= n, what, timeout_s=30)
 
 
 def _processes_named(comm: str) -> list:

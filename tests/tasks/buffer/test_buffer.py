@@ -92,6 +92,17 @@ def dispatched(buffer, n=3):
     wait_until(lambda: buffer.rules.accounting()["in_flight"] >= n, f"{n} prompts dispatched", timeout_s=10)
 
 
+def puts_waiting(client, session) -> int:
+    """Puts waiting for room in the session's buffer queue: on the scheduler, its
+    `asyncio.Queue`'s putters (no public count of them)."""
+    return client.run_on_scheduler(_putters, Channels(session).buffer)
+
+
+def _putters(name, dask_scheduler=None) -> int:
+    queue = dask_scheduler.extensions["queues"].queues.get(name)
+    return len(queue._putters) if queue is not None else 0
+
+
 def test_groups_are_taken_in_arrival_order_not_submission_order(client):
     reader = reader_for(client, "fifo")
     try:
@@ -130,10 +141,12 @@ def test_a_full_buffer_blocks_the_producer_until_the_learner_takes(client):
         client.gather([client.submit(produce, 0, "full", 0, 0.0, pure=False)])  # fills it (and prefetch)
         client.gather([client.submit(produce, 1, "full", 1, 0.0, pure=False)])  # fills it again
         blocked = client.submit(produce, 2, "full", 2, 0.0, pure=False)
-        time.sleep(1.0)
+        wait_until(lambda: puts_waiting(client, "full") == 1, "the producer waiting for room", timeout_s=30)
+        seen_blocked = time.perf_counter()
         assert not blocked.done()  # waiting for room
+        held = time.perf_counter() - seen_blocked
         reader.take()
-        assert blocked.result(timeout=10) > 0.5  # the seconds it was blocked
+        assert blocked.result(timeout=10) >= held > 0  # the seconds it was blocked: at least those seen
     finally:
         reader.close()
 
@@ -199,10 +212,8 @@ def test_a_group_whose_worker_died_is_lost_and_retried(monkeypatch):
             client.run(_exit, workers=[worker])
         reader.exchange.start()
         try:
-            deadline = time.monotonic() + 30
-            while reader.rules.accounting()["excluded"].get("lost", 0) < 1:
-                assert time.monotonic() < deadline, reader.rules.accounting()
-                time.sleep(0.1)
+            wait_until(lambda: reader.rules.accounting()["excluded"].get("lost", 0) >= 1, "the group excluded as lost",
+                       timeout_s=60, poll_s=0.1)
             accounting = reader.rules.accounting()
             assert accounting["waiting"] + accounting["in_flight"] == 1 and balanced(accounting)
         finally:
@@ -221,7 +232,7 @@ def test_stopping_actors_releases_one_blocked_on_a_full_buffer(client):
     session = "stop"
     Queue(Channels(session).buffer, client=client, maxsize=1)
     actor = client.submit(blocked_producer, session, pure=False)
-    time.sleep(1.0)
+    wait_until(lambda: puts_waiting(client, session) == 1, "the actor's second put waiting for room", timeout_s=30)
     assert not actor.done()
     assert stop_actors(client, Channels(session), 1, done=actor.done, timeout_s=20)
     assert actor.result() is None  # its stop prompt

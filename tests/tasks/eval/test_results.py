@@ -38,7 +38,7 @@ def test_ties_go_to_the_later_version():
 
 
 def test_the_versions_table_holds_checkpoints_and_evals_in_either_order():
-    table = VersionTable([{"version": 4, "step": 4, "success_rate": 0.5, "reward_mean": 0.5, "pass_at_1": 0.5}])
+    table = VersionTable(scores=[{"version": 4, "step": 4, "success_rate": 0.5, "reward_mean": 0.5, "pass_at_1": 0.5}])
     table.add_eval({"version": 2, "step": 2, "checkpoint": None, "success_rate": 0.25, "reward_mean": 0.1})
     table.add_rows([{"version": 4, "step": 4, "checkpoint": "c/4", "parent": None, "reward_mean": 0.2}])
     assert table.rows() == [

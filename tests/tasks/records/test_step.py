@@ -7,7 +7,7 @@ import pytest
 
 from tasks.buffer.stats import IntakeCounts
 from tasks.records.step import StepMeter
-from tasks.runtime.learner import Update
+from tasks.runtime.session.learner import Update
 from tests.support.groups import make_group
 
 

@@ -10,7 +10,7 @@ CHECKPOINTED = [{"version": 40, "step": 40, "checkpoint": "/runs/g/checkpoints/4
 
 
 def table() -> VersionTable:
-    table = VersionTable([{"version": 30, "step": 30, "checkpoint": None, "success_rate": 0.5833333333333334,
+    table = VersionTable(scores=[{"version": 30, "step": 30, "checkpoint": None, "success_rate": 0.5833333333333334,
                            "reward_mean": 0.5833333333333334, "pass_at_1": 0.5833333333333334,
                            "length_mean": 11.916666666666666, "prompts": 12, "episodes": 12}])
     table.add_rows(CHECKPOINTED)
