@@ -256,7 +256,8 @@ def parse_spec(text: str, overrides: list[str] = (), source: str = "<spec>") -> 
     # Field paths as validated (new names) -> as the YAML or a --set wrote them, to locate
     # and name an issue where its writer looks for it.
     written: dict[tuple[str, ...], tuple[str, ...]] = {}
-    for old, new in _renamed_fields(data, (), lambda old, new: _both_in_yaml(source, old, new, node)):
+    for old, new in _renamed_fields(data, (), lambda old, new: _both_names(
+            source, old, _line_of(node, old), new, f"line {_line_of(node, new)}")):
         _warn_renamed(source, old, new, f"line {_line_of(node, old)}")
         written[new] = old
     overridden, written = _apply_overrides(data, overrides, source, written)
@@ -280,7 +281,8 @@ def parse_spec(text: str, overrides: list[str] = (), source: str = "<spec>") -> 
 RENAMED = {
     "actors.actors": "actors.groups_per_worker",  # beside actors.workers, it read as a count of actors
 }
-_NEW_PATHS = {tuple(new.split(".")) for new in RENAMED.values()}
+_RENAMES = [(tuple(old.split(".")), tuple(new.split("."))) for old, new in RENAMED.items()]  # as paths
+_NEW_PATHS = {new for _, new in _RENAMES}
 
 
 class RenamedField(FutureWarning):
@@ -291,9 +293,9 @@ class RenamedField(FutureWarning):
 def _renamed_fields(data: dict, at: tuple[str, ...], both) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
     """Moves each field of `RENAMED` that `data`, the mapping at path `at` of a spec, writes
     by its old name to its new one; returns the (old, new) paths moved. Where `data` writes
-    both names, calls `both(old, new)`, which raises."""
+    both names, calls `both(old, new)`, which raises (`_both_names`)."""
     moved = []
-    for old, new in ((tuple(o.split(".")), tuple(n.split("."))) for o, n in RENAMED.items()):
+    for old, new in _RENAMES:
         if old[: len(at)] != at or new[: len(at)] != at or len(old) == len(at):
             continue  # not inside `data` (a --set at or below an old name is renamed by its path)
         parent = _mapping_at(data, old[len(at):-1])
@@ -324,16 +326,16 @@ def _mapping_at(data: dict, keys: tuple[str, ...], create: bool = False) -> dict
 def _renamed_path(keys: tuple[str, ...]) -> tuple[tuple[str, ...], list[tuple[tuple[str, ...], tuple[str, ...]]]]:
     """`keys` with an old name of `RENAMED` at its start replaced by the new, and [(old, new)]
     of that rename ([] where there is none)."""
-    for o, n in RENAMED.items():
-        old, new = tuple(o.split(".")), tuple(n.split("."))
+    for old, new in _RENAMES:
         if keys[: len(old)] == old:
             return new + keys[len(old):], [(old, new)]
     return keys, []
 
 
-def _both_in_yaml(source: str, old: tuple[str, ...], new: tuple[str, ...], root: yaml.Node | None):
-    raise SpecError(source, [SpecIssue(".".join(old), _line_of(root, old), _both_names_message(
-        new, f"line {_line_of(root, new)}"))])
+def _both_names(source: str, old: tuple[str, ...], old_line: int | None, new: tuple[str, ...], new_where: str):
+    """Raises the error of a spec that gives a renamed field by both its names."""
+    raise SpecError(source, [SpecIssue(".".join(old), old_line, f"the old name of {'.'.join(new)} ({new_where}), "
+                                       f"which the spec gives too; keep {'.'.join(new)} only")])
 
 
 def _warn_renamed(source: str, old: tuple[str, ...], new: tuple[str, ...], where: str, depth: int = 1) -> None:
@@ -341,11 +343,6 @@ def _warn_renamed(source: str, old: tuple[str, ...], new: tuple[str, ...], where
     the warning shows where parse_spec was called (under load_spec: in this module)."""
     warnings.warn(RenamedField(f"{source}: {'.'.join(old)} ({where}) is renamed {'.'.join(new)}; "
                                "the old name is read for now"), stacklevel=2 + depth)
-
-
-def _both_names_message(new: tuple[str, ...], new_where: str) -> str:
-    """The message of an issue at a renamed field's old name, where the spec gives the new too."""
-    return f"the old name of {'.'.join(new)} ({new_where}), which the spec gives too; keep {'.'.join(new)} only"
 
 
 # --- Overrides and where issues are ----------------------------------------------------
@@ -375,7 +372,7 @@ def _apply_overrides(data: dict, overrides: list[str], source: str,
         for new, name in names.items():
             if set_as.setdefault(new, name) != name:  # two --set give it, one by each name
                 old = name if name != new else set_as[new]
-                raise SpecError(source, [SpecIssue(".".join(old), None, _both_names_message(new, "--set"))])
+                _both_names(source, old, None, new, "--set")
         overridden.append(keys)
     return overridden, written
 
@@ -395,10 +392,7 @@ def _apply_override(data: dict, override: str, source: str
         raise SpecError(source, [SpecIssue(key, None, f"value: {message}")]) from None
     keys, renames = _renamed_path(keys)
     if isinstance(value, dict):  # a section (or more) given whole: the fields inside it too
-        def both(old, new):
-            raise SpecError(source, [SpecIssue(".".join(old), None, _both_names_message(new, "--set"))])
-
-        renames += _renamed_fields(value, keys, both)
+        renames += _renamed_fields(value, keys, lambda old, new: _both_names(source, old, None, new, "--set"))
     target = data
     for i, k in enumerate(keys[:-1]):
         target = target.setdefault(k, {})

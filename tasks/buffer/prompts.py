@@ -134,7 +134,7 @@ def _lines(path: Path, field: str) -> Iterator[tuple[int, bytes]]:
     except OSError as e:
         raise FieldError(field, f"cannot read {path}: {e.strerror}") from None
     except Unreadable as e:
-        raise FieldError(field, f"{e}") from None
+        raise FieldError(field, str(e)) from None
     except ValueError as e:  # a name the OS cannot take (a NUL byte in it)
         raise FieldError(field, f"cannot read {str(path)!r}: {e}") from None
     with file:
