@@ -87,7 +87,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _on_a_run_dir(args) -> int | None:
-    """The commands that need no spec (report, server, show); None for the others."""
+    """The commands that need no spec (report, server, show, new-model); None for the others."""
     if args.command == "report":
         from flows.report import report_command
 
@@ -100,6 +100,11 @@ def _on_a_run_dir(args) -> int | None:
         from flows.show import show_command
 
         return show_command(args.run_dir, version=args.version, failed=args.failed, evals=args.eval, limit=args.limit)
+    if args.command == "new-model":
+        from flows.new_model import new_model_command
+
+        return new_model_command(args.shape, args.out_dir, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                                 seed=args.seed, max_len=args.max_len)
     return None
 
 
@@ -145,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     _run_dir_parsers(commands)
     report = commands.add_parser("report", help="plot a run's metrics into RUN_DIR/report/ and RUN_DIR/tensorboard/")
     report.add_argument("run_dir", type=Path)
+    _new_model_parser(commands)
     server = commands.add_parser("server", help="the local Prefect server runs use (it outlives them)")
     server.add_argument("action", choices=("start", "stop", "status"))
     server.add_argument("--port", type=int, default=None,
@@ -172,6 +178,20 @@ def _run_dir_parsers(commands) -> None:
     export.add_argument("run_dir", type=Path)
     export.add_argument("--version", default="best", help="N, or best: the best by eval score (default)")
     export.add_argument("out_dir", type=Path)
+
+
+def _new_model_parser(commands) -> None:
+    from learner.shapes import SHAPES
+
+    new = commands.add_parser("new-model", help="write a randomly initialised model of LLM shape, with a BPE "
+                                                "tokenizer and chat template, as a Hugging Face directory")
+    new.add_argument("shape", choices=sorted(SHAPES))
+    new.add_argument("out_dir", type=Path)
+    new.add_argument("--tokenizer", type=Path, default=None,
+                     help="a directory holding tokenizer.json and tokenizer_config.json (default: train one)")
+    new.add_argument("--vocab-size", type=int, default=32_768, help="ids of the tokenizer trained (default 32768)")
+    new.add_argument("--seed", type=int, default=0)
+    new.add_argument("--max-len", type=int, default=4_096, help="max_position_embeddings (default 4096)")
 
 
 def _audit_parser(commands) -> None:

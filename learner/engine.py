@@ -152,6 +152,14 @@ class Engine:
         return {"prefill": len(self._prefill_shapes) - suffixes, "suffix": suffixes, "decode": int(self._decoded)}
 
     @property
+    def device_bytes(self) -> dict[str, int]:
+        """Bytes the engine holds on its device: "kv_cache" (slots x max_len positions, as its
+        shape says), "slots" (the whole slot state: the cache, each row's tokens, log-probs
+        and next-token logits) and "weights" (every version in use)."""
+        size = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+        return {"kv_cache": size(self._state.cache), "slots": size(self._state), "weights": size(self._params)}
+
+    @property
     def admitted(self) -> dict[str, int]:
         """Requests admitted so far: "full" prefilled their whole context, "suffix" only
         what they add to a warm prefix (retracts not counted)."""

@@ -1,6 +1,7 @@
 """Local Hugging Face checkpoints (Llama, Qwen2) as Tandem parameters, and back
-(`save_params`: a trained version as a directory `transformers` loads); their config.json
-is read by `learner.hf_config`.
+(`save_params`: a trained version as a directory `transformers` loads; `save_new_model`: a
+randomly initialised model of a named shape, `learner.shapes`); their config.json is read
+by `learner.hf_config`.
 
 A checkpoint directory holds `config.json`, one or more `*.safetensors` files and
 usually `tokenizer.json`. Nothing is ever downloaded. HF stores a linear layer's
@@ -25,6 +26,7 @@ from learner.model import Params, init_params
 
 if TYPE_CHECKING:
     from learner.config import ModelConfig
+    from learner.shapes import Shape
 
 
 def load_params(config: ModelConfig) -> Params:
@@ -105,6 +107,44 @@ def save_params(params: Params, config: ModelConfig, out: str | pathlib.Path) ->
             shutil.copyfile(pathlib.Path(config.init) / name, out / name)
     hf = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**hf, "torch_dtype": "float32"}, indent=2))
+    save_file(_hf_weights(params, config), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def save_new_model(shape: Shape, out: str | pathlib.Path, *, tokenizer: str | pathlib.Path,
+                   seed: int = 0, max_len: int = 4_096) -> pathlib.Path:
+    """Writes a randomly initialised model of `shape` as a Hugging Face directory: config.json,
+    generation_config.json, model.safetensors (float32) and the tokenizer files found in the
+    directory `tokenizer` (`learner.bpe.train` writes them), whose end-of-turn token (its
+    tokenizer_config.json's eos_token) ends generation.
+
+    Raises:
+      ValueError: no tokenizer files in `tokenizer`, or more ids than the shape's embedding rows.
+    """
+    from learner.config import ModelConfig
+    from tokenizers import Tokenizer
+
+    out, tokenizer = pathlib.Path(out), pathlib.Path(tokenizer)
+    missing = [n for n in ("tokenizer.json", "tokenizer_config.json") if not (tokenizer / n).is_file()]
+    if missing:
+        raise ValueError(f"{tokenizer}: no {' or '.join(missing)} there")
+    vocab = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    if vocab.get_vocab_size() > shape.vocab:
+        raise ValueError(f"the tokenizer in {tokenizer} has {vocab.get_vocab_size()} ids; the shape has "
+                         f"{shape.vocab} embedding rows")
+    settings = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    stops = [vocab.token_to_id(settings["eos_token"])]
+    if settings.get("pad_token"):
+        stops.append(vocab.token_to_id(settings["pad_token"]))
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer.resolve() != out.resolve():
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(tokenizer / name, out / name)
+    hf = shape.hf_config(max_len=max_len, eos_token_id=stops[0], bos_token_id=None)
+    (out / "config.json").write_text(json.dumps(hf, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": stops, "bos_token_id": None}, indent=2))
+    config = ModelConfig(**shape.model_fields(), max_len=max_len)
+    params = jax.jit(init_params, static_argnums=0)(config, seed)
     save_file(_hf_weights(params, config), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

@@ -131,3 +131,18 @@ def test_a_learner_failure_reaches_the_terminal_without_its_wrapping():
     other = SimpleNamespace(result=lambda raise_on_failure: RuntimeError("disk on fire"), message="")
     assert failure(other) == "disk on fire"
     assert isinstance(LearnerFailed("x"), RuntimeError)
+
+
+def test_new_model_writes_a_checkpoint_a_spec_loads(tmp_path, capsys):
+    from learner import bpe
+    from learner.config import ModelConfig
+
+    bpe.train(tmp_path / "tok", vocab_size=1_000, corpus_bytes=100_000)
+    assert main(["new-model", "llama-25m", str(tmp_path / "m"), "--tokenizer", str(tmp_path / "tok"),
+                 "--max-len", "512"]) == 0
+    assert "llama-25m (24.6M parameters, context 512) written to" in capsys.readouterr().out
+    config = ModelConfig(init=str(tmp_path / "m"), max_len=256)
+    assert (config.d_model, config.n_layers, config.vocab_size, config.tie_embeddings) == (256, 8, 32_768, False)
+    assert config.tokenizer.kind == "hf"
+    assert main(["new-model", "llama-25m", str(tmp_path / "n"), "--tokenizer", str(tmp_path / "missing")]) == 1
+    assert "missing" in capsys.readouterr().err

@@ -123,3 +123,22 @@ def test_saved_params_load_in_transformers_with_the_same_logits(tmp_path, kind, 
     np.testing.assert_allclose(_hf_logits(model, tokens), logits, atol=1e-5)
     reloaded = load_params(ModelConfig(init=str(tmp_path / "out"), max_len=32))
     jax.tree.map(np.testing.assert_array_equal, reloaded, params)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_new_model_of_a_shape_loads_in_transformers_with_the_same_logits(tmp_path, family):
+    from learner import bpe
+    from learner.hf import save_new_model
+    from learner.shapes import Shape
+
+    bpe.train(tmp_path / "tok", vocab_size=500, corpus_bytes=100_000)
+    shape = Shape(family, 64, 2, 4, 2, 128, 512, tie_embeddings=family == "qwen2")
+    save_new_model(shape, tmp_path / "model", tokenizer=tmp_path / "tok", seed=3, max_len=64)
+    config = ModelConfig(init=str(tmp_path / "model"), max_len=32)
+    assert config.tokenizer.kind == "hf" and config.vocab_size == 512
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
+    tokens = np.random.default_rng(0).integers(0, 500, size=(2, 12))
+    positions = np.broadcast_to(np.arange(12), (2, 12))
+    logits = jax.jit(forward_fn(config))(load_params(config), tokens, positions, np.ones((2, 12), np.int32))
+    np.testing.assert_allclose(logits, _hf_logits(model, tokens), atol=1e-5)
+    assert model.generation_config.eos_token_id == [2, 0]

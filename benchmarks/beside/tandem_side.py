@@ -1,0 +1,124 @@
+"""Tandem's engine (`learner.engine`) on a Hugging Face model directory, measured as
+`benchmarks/llm_shapes.py` measures Tunix's sampler and `transformers` beside it.
+
+`--part decode`: `--slots` requests of `--context` random token ids each (no stop token, so
+every request makes `--new-tokens`), submitted at once and stepped until done; the cache
+holds `context + new-tokens` positions per slot (`model.max_len`), as the other systems'
+static caches do. Timed after a first call that compiles: prefill tokens/s from runs that
+make one token (slots x context / t1), decode tokens/s from the difference to runs that make
+all of them (slots x (new - 1) / (tN - t1)), medians of `--repeats`. Memory: the engine's
+device state (its KV cache, rows and logits) against the KV cache its shape implies, and the
+process's peak RSS. One JSON line per run.
+
+`--part compiles`: `--episodes` multi-turn episodes of mixed lengths (a first context of
+16..max_len/2 tokens, 1-3 turns of up to `--new-tokens` tokens each followed by an
+observation of 4..64 tokens, continued on the episode's warm prefix), `--slots` in flight,
+played twice in one process: the distinct shapes the engine compiled, and the seconds each
+run took (the first compiles, the second runs compiled code: the difference is the compiles'). Usage:
+
+    python benchmarks/beside/tandem_side.py --model DIR --slots 8 --context 1024 --new-tokens 64
+    python benchmarks/beside/tandem_side.py --model DIR --part compiles --context 2048 --episodes 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from learner.config import ModelConfig
+from learner.engine import Engine, Request
+from learner.hf import load_params
+from learner.sampling import SamplingParams
+
+
+def run(engine: Engine, prompts: np.ndarray, new_tokens: int, seed: int) -> float:
+    """Seconds to complete one request per prompt."""
+    started = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.submit(Request(prompt, new_tokens, np.array([seed, i], np.uint32)))
+    done = 0
+    while done < len(prompts):
+        done += len(engine.step())
+    return time.perf_counter() - started
+
+
+def compiles(engine: Engine, slots: int, episodes: int, new_tokens: int, vocab: int) -> dict:
+    """Plays `episodes` multi-turn episodes of mixed lengths, as many in flight as slots."""
+    rng = np.random.default_rng(1)
+    window, started, tokens_made = engine.max_len, time.perf_counter(), 0
+    plans = [(i, list(rng.integers(10, vocab, rng.integers(16, window // 2))), int(rng.integers(1, 4)))
+             for i in range(episodes)]
+    live = {}
+    while plans or live:
+        while plans and len(live) < slots:
+            key, context, turns = plans.pop()
+            live[engine.submit(Request(np.array(context, np.int32), new_tokens, np.array([key, 0], np.uint32),
+                                       prefix_key=key))] = (key, context, turns)
+        for done in engine.step():
+            key, context, turns = live.pop(done.id)
+            tokens_made += len(done.tokens)
+            context = context + list(done.tokens) + list(rng.integers(10, vocab, rng.integers(4, 65)))
+            if turns > 1 and len(context) + new_tokens < window:
+                live[engine.submit(Request(np.array(context, np.int32), new_tokens,
+                                           np.array([key, turns], np.uint32), prefix_key=key))] = (key, context, turns - 1)
+            else:
+                engine.release(key)
+    return {"episodes": episodes, "seconds": round(time.perf_counter() - started, 1), "tokens_made": tokens_made,
+            "compiles": engine.compiles, "admitted": engine.admitted}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--part", choices=("decode", "compiles"), default="decode")
+    parser.add_argument("--episodes", type=int, default=200)
+    args = parser.parse_args()
+    if args.part == "compiles":
+        config = ModelConfig(init=args.model, max_len=args.context, dtype=args.dtype)
+        engine = Engine(config, slots=args.slots, sampling=SamplingParams(), stop_ids=())
+        engine.load(0, load_params(config))
+        first = compiles(engine, args.slots, args.episodes, args.new_tokens, 30_000)
+        again = compiles(engine, args.slots, args.episodes, args.new_tokens, 30_000)
+        print(json.dumps({"system": "tandem", "part": "compiles", "model": args.model, "slots": args.slots,
+                          "max_len": args.context, **first, "seconds_compiled": again["seconds"],
+                          "compiles_after_both": again["compiles"]}))
+        return
+    config = ModelConfig(init=args.model, max_len=args.context + args.new_tokens, dtype=args.dtype)
+    engine = Engine(config, slots=args.slots, sampling=SamplingParams(), stop_ids=())
+    engine.load(0, load_params(config))
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(10, min(config.vocab_size, 30_000), (args.slots, args.context)).astype(np.int32)
+    started = time.perf_counter()
+    run(engine, prompts, 1, 0)
+    run(engine, prompts, args.new_tokens, 0)
+    compile_s = time.perf_counter() - started
+    t1 = statistics.median(run(engine, prompts, 1, r) for r in range(args.repeats))
+    tn = statistics.median(run(engine, prompts, args.new_tokens, r) for r in range(args.repeats))
+    head_dim = config.d_model // config.n_heads
+    implied_kv = 2 * config.n_layers * args.slots * config.max_len * config.n_kv_heads * head_dim * np.dtype(
+        np.float32 if args.dtype == "float32" else jax.numpy.bfloat16).itemsize
+    print(json.dumps({
+        "system": "tandem", "jax_version": jax.__version__, "part": "decode", "model": args.model,
+        "dtype": args.dtype, "slots": args.slots, "context": args.context, "new_tokens": args.new_tokens,
+        "first_calls_s": round(compile_s, 2), "prefill_s": round(t1, 4), "generate_s": round(tn, 4),
+        "prefill_tokens_per_s": round(args.slots * args.context / t1, 1),
+        "decode_tokens_per_s": round(args.slots * (args.new_tokens - 1) / (tn - t1), 2),
+        "kv_implied_bytes": implied_kv, **{f"{k}_bytes": v for k, v in engine.device_bytes.items()},
+        "compiles": engine.compiles,
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2),
+        "how": "Engine.submit x slots, Engine.step until done; no stop ids"}))
+
+
+if __name__ == "__main__":
+    main()
