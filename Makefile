@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-test demo test
+.PHONY: setup setup-test demo test tunix-venv
 setup: $(VENV)/.installed  # Tandem and what it needs to run: all the demo needs
 setup-test: $(VENV)/.installed-test  # and the test extras (pytest, CPU torch, transformers)
 
@@ -16,6 +16,20 @@ $(VENV)/.installed: pyproject.toml
 $(VENV)/.installed-test: $(VENV)/.installed
 	@echo "Installing the test extras into $(VENV) (once; torch and transformers: a few minutes)"
 	$(PY) -m pip install -qq -e '.[test]'
+	touch $@
+
+# Google's Tunix in a venv of its own, apart from Tandem's dependencies, for the measurements
+# of benchmarks/beside/tunix_side.py. CPU jax by default; on a GPU machine:
+# `make tunix-venv TUNIX_JAX='jax[cuda12]==0.10.2'`.
+TUNIX_VENV ?= .venv-tunix
+TUNIX_JAX ?= jax[cpu]==0.10.2
+tunix-venv: $(TUNIX_VENV)/.installed
+$(TUNIX_VENV)/.installed:
+	@echo "Installing google-tunix into $(TUNIX_VENV) (once; a few minutes)"
+	python3 -m venv $(TUNIX_VENV)
+	$(TUNIX_VENV)/bin/python -m pip install -qq --upgrade pip
+	$(TUNIX_VENV)/bin/python -m pip install -qq google-tunix==0.1.7 '$(TUNIX_JAX)' \
+		flax==0.12.8 optax==0.2.8 safetensors==0.7.0 numpy==2.4.6
 	touch $@
 
 # A Ctrl-C interrupts make with tandem ("Error 130"), and make ends as interrupted: the
