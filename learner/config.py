@@ -191,6 +191,15 @@ class LearnerConfig(Frozen):
     rows: PositiveInt | None = None  # rows per batch, samples packed into them; None: one per sample
     minibatches: PositiveInt = 1  # optimizer updates per pass over a batch
     epochs: PositiveInt = 1  # passes over each batch
+    # Activation rematerialisation in the train step's backward pass. "none": every
+    # block's activations are kept from the forward pass. "block": only each block's
+    # input is; its activations are recomputed from it in the backward pass (one more
+    # forward pass of the blocks, up to a third more of their FLOPs, for activation
+    # memory of the residual stream instead of all of a block's attention and MLP
+    # activations; on XLA:CPU almost nothing is saved, see `learner.model`). Values are
+    # unchanged, and the actors' sampler, which never differentiates, is unaffected:
+    # a learner setting, not the model's.
+    remat: Literal["none", "block"] = "none"
     # Processes of the learner (jax.distributed), each feeding its share of every batch's
     # rows from its own devices; process 0 alone runs the buffer, publishing and checkpoints.
     hosts: PositiveInt = 1

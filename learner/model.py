@@ -10,13 +10,17 @@ model is the pure function `forward_fn(config)`, which jits, differentiates and
 shards like any JAX function. Generation uses `extend_fn(config)`, the same model
 over a fixed-size key/value cache (`init_cache`): a prompt is prefilled in one call
 and each further token costs one position, not the whole window.
+
+`forward_fn(config, remat="block")` rematerialises each block: the backward pass
+recomputes a block's activations from its input instead of keeping them from the
+forward pass. Values are unchanged; the learner picks it (`LearnerConfig.remat`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +29,7 @@ from flax import nnx
 from learner.config import ModelConfig
 
 Params = dict[str, Any]
+Remat = Literal["none", "block"]  # the values of `LearnerConfig.remat`
 Forward = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
@@ -170,6 +175,22 @@ class Block(nnx.Module):
         return x_btd + self.mlp(self.mlp_norm(x_btd)), cache
 
 
+def _apply_block(block: Block, x_bld: jax.Array, positions_bl: jax.Array, mask_b1ll: jax.Array) -> jax.Array:
+    return block(x_bld, positions_bl, mask_b1ll)
+
+
+# jax.checkpoint's default policy saves nothing inside the block: only its inputs are
+# kept for the backward pass, which reruns the block's forward to differentiate it.
+# The stored activations of a layer shrink from its attention probabilities
+# ([B, heads, L, L]) and MLP hidden units ([B, L, d_ff], several of each) to the
+# residual stream ([B, L, d_model]), for one more forward pass of the blocks.
+# Optimisation barriers keep XLA from merging the recomputation back into the forward
+# pass. XLA:CPU removes them before its common-subexpression pass, which then merges
+# the recomputed matmuls with the forward's (their outputs are kept): on CPU remat
+# redoes elementwise work and saves almost no memory (benchmarks/learner_throughput.py).
+_remat_block = nnx.remat(_apply_block)
+
+
 class Transformer(nnx.Module):
     """Decoder-only language model over packed rows of token ids."""
 
@@ -187,12 +208,17 @@ class Transformer(nnx.Module):
         untied = not config.tie_embeddings
         self.lm_head = _dense(config.d_model, config.vocab_size, config, rngs) if untied else None
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        """Next-token logits, float32 [B, L, vocab], from int32 [B, L] inputs."""
+    def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
+                 *, remat: Remat = "none") -> jax.Array:
+        """Next-token logits, float32 [B, L, vocab], from int32 [B, L] inputs.
+
+        remat "block": each block's activations are recomputed in the backward pass.
+        """
         mask = attention_mask(segment_ids)
         x = self.embed(tokens)
+        apply_block = _remat_block if remat == "block" else _apply_block
         for block in self.blocks:
-            x = block(x, positions, mask)
+            x = apply_block(block, x, positions, mask)
         return self._logits(x)
 
     def extend(self, tokens: jax.Array, positions: jax.Array, cache: KVCache,
@@ -225,14 +251,16 @@ def init_params(config: ModelConfig, seed: int | jax.Array) -> Params:
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
-def forward_fn(config: ModelConfig) -> Forward:
+def forward_fn(config: ModelConfig, *, remat: Remat = "none") -> Forward:
     """The model as a pure function `(params, tokens, positions, segment_ids) -> logits`.
 
     The module structure is captured once from an abstract model (no weights are
     allocated); each call rebuilds the module around `params`, which is free under
     `jax.jit` and lets the same function serve the sampler and the train step.
+    `remat` ("none" or "block", see `LearnerConfig.remat`) changes only what its
+    gradient keeps and recomputes, never the values.
     """
-    return _Forward(config)
+    return _Forward(config, remat)
 
 
 def extend_fn(config: ModelConfig) -> Extend:
@@ -258,9 +286,10 @@ def extend_fn(config: ModelConfig) -> Extend:
 @dataclasses.dataclass(frozen=True)
 class _Forward:
     config: ModelConfig
+    remat: Remat = "none"
 
     def __call__(self, params: Params, tokens, positions, segment_ids) -> jax.Array:
-        return nnx.merge(_graphdef(self.config), params)(tokens, positions, segment_ids)
+        return nnx.merge(_graphdef(self.config), params)(tokens, positions, segment_ids, remat=self.remat)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -165,6 +165,8 @@ def _gradients(state: TrainState, batch, *, forward, loss_config, mesh):
     reference_specs = None if state.reference is None else weight_specs
     batch_specs = {name: P(sharding.BATCH_AXES, None) for name in batch}
     device_fn = functools.partial(_device_gradients, shardings=shardings, forward=forward, loss_config=loss_config)
+    if mesh.shape["data"] * mesh.shape["fsdp"] == 1 and mesh.shape["tensor"] > 1:
+        return _one_batch_shard(device_fn, state.params, state.reference, batch)
     # check_vma off: every cross-device sum is written out, none left for AD to insert.
     return jax.shard_map(
         device_fn,
@@ -174,6 +176,21 @@ def _gradients(state: TrainState, batch, *, forward, loss_config, mesh):
         axis_names=set(sharding.BATCH_AXES),
         check_vma=False,
     )(state.params, state.reference, batch)
+
+
+def _one_batch_shard(device_fn, *args):
+    """`device_fn` on a mesh of one batch shard beside "tensor" (data = fsdp = 1).
+
+    XLA (jax 0.10.2) rejects every cross-device sum of a shard_map whose manual axes all
+    have size 1 beside an automatic one ("Cross-partition allreduce must be in (partial)
+    manual partitioning mode"). With one batch shard nothing needs to be manual: the
+    batch axes are bound by vmaps of size one, where each collective is the identity,
+    and "tensor" stays automatic as under the shard_map.
+    """
+    for axis in reversed(sharding.BATCH_AXES):
+        device_fn = jax.vmap(device_fn, axis_name=axis)
+    out = device_fn(*jax.tree.map(lambda a: a[None, None], args))
+    return jax.tree.map(lambda a: a[0, 0], out)
 
 
 def train_step(
@@ -211,10 +228,10 @@ class TrainStep:
 
     def __init__(self, model_config: ModelConfig, learner_config: LearnerConfig, mesh: Mesh):
         _, state_shardings = _abstract_and_shardings(model_config, learner_config, mesh)
-        forward = forward_fn(model_config)
+        forward = forward_fn(model_config)  # the proximal log-probs: no gradient, nothing to recompute
         step = functools.partial(
             train_step,
-            forward=forward,
+            forward=forward_fn(model_config, remat=learner_config.remat),
             optimizer=make_optimizer(learner_config.optimizer),
             loss_config=learner_config.loss,
             mesh=mesh,
@@ -240,6 +257,11 @@ class TrainStep:
         # jit's own cache of compiled executables (private, but what jit consults
         # before compiling; tests/learner/test_train.py pins its meaning).
         return self._jitted._cache_size()
+
+    def lower(self, state: TrainState, batch: Batch) -> jax.stages.Lowered:
+        """The update lowered for `batch`'s shape without running it (nothing is donated):
+        `.compile()` gives the executable and its per-device `memory_analysis()`."""
+        return self._jitted.lower(state, self._device_batch(batch))
 
     def _device_batch(self, batch: Batch) -> dict[str, jax.Array]:
         rows = batch.shape[0] * jax.process_count()

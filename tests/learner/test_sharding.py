@@ -92,6 +92,16 @@ def test_sharded_steps_match_one_device(axes, single_device_run):
     assert per_device == pytest.approx(total / (axes[1] * axes[2]), rel=0.02)
 
 
+def test_a_tensor_only_mesh_steps_match_one_device(single_device_run):
+    """data = fsdp = 1 beside tensor = 8: the mesh XLA's partitioner needs the vmap path for."""
+    loss, params, _ = single_device_run
+    sharded_loss, sharded_params, state = _train(_mesh(1, 1, 8), _batch())
+    assert sharded_loss == pytest.approx(loss, abs=1e-5)
+    for want, got in zip(jax.tree.leaves(params), jax.tree.leaves(sharded_params)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert state.params["blocks"][0]["mlp"]["up"]["kernel"].sharding.spec == P(None, "tensor")
+
+
 def test_parameters_and_moments_are_split_over_fsdp_and_tensor():
     mesh = _mesh(2, 2, 2)
     state = init_train_state(ModelConfig(), LEARNER, seed=0, mesh=mesh)
