@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from harness import ROOT, emit
+from learner.config import ModelConfig
 
 SIDES = {"tandem": (sys.executable, "benchmarks/beside/tandem_side.py"),
          "transformers": (sys.executable, "benchmarks/beside/transformers_side.py"),
@@ -59,7 +60,8 @@ def side(system: str, model: Path, slots: int, context: int, new_tokens: int) ->
     python, script = SIDES[system]
     if not Path(python).exists():
         return {"system": system, "error": f"{python} missing (make tunix-venv)"}
-    done = subprocess.run([python, script, "--model", str(model), "--slots", str(slots), "--context", str(context),
+    done = subprocess.run([python, script, "--part", "decode", "--model", str(model), "--slots", str(slots),
+                           "--context", str(context),
                            "--new-tokens", str(new_tokens), "--repeats", "1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1_800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -70,10 +72,8 @@ def side(system: str, model: Path, slots: int, context: int, new_tokens: int) ->
 
 def weight_and_kv_bytes(model: Path) -> tuple[int, int]:
     """Bytes of the weights (float32) and of one cached position's keys and values."""
-    hf = json.loads((model / "config.json").read_text())
-    head_dim = hf["hidden_size"] // hf["num_attention_heads"]
-    kv = 2 * hf["num_hidden_layers"] * hf.get("num_key_value_heads", hf["num_attention_heads"]) * head_dim * 4
-    return sum(f.stat().st_size for f in model.glob("*.safetensors")), kv
+    weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    return weights, ModelConfig(init=str(model)).kv_bytes_per_position
 
 
 def main() -> None:

@@ -110,6 +110,12 @@ class ModelConfig(Frozen):
     def vocab_size(self) -> int:
         return self.vocab if self.vocab is not None else 3 + len(self.tokenizer.alphabet)
 
+    @property
+    def kv_bytes_per_position(self) -> int:
+        """Bytes of keys and values one cached position holds, over all layers (`dtype`)."""
+        itemsize = 4 if self.dtype == "float32" else 2
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * itemsize
+
 
 class OptimizerConfig(Frozen):
     """Adam(W) with global-norm gradient clipping."""

@@ -49,10 +49,6 @@ class Shape:
         layer = attention + 3 * d * self.d_ff + 2 * d
         return self.n_layers * layer + self.vocab * d * (1 + (not self.tie_embeddings)) + d
 
-    def kv_bytes_per_token(self, itemsize: int) -> int:
-        """Bytes of keys and values one cached position holds, over all layers."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * itemsize
-
     def hf_config(self, *, max_len: int, eos_token_id: int, bos_token_id: int | None) -> dict[str, Any]:
         """`config.json` as `transformers` writes it for this family."""
         config = {

@@ -4,9 +4,7 @@
 `--part decode`: `--slots` requests of `--context` random token ids each (no stop token, so
 every request makes `--new-tokens`), submitted at once and stepped until done; the cache
 holds `context + new-tokens` positions per slot (`model.max_len`), as the other systems'
-static caches do. Timed after a first call that compiles: prefill tokens/s from runs that
-make one token (slots x context / t1), decode tokens/s from the difference to runs that make
-all of them (slots x (new - 1) / (tN - t1)), medians of `--repeats`. Memory: the engine's
+static caches do. Timed as every side script times (`decode_timing`). Memory: the engine's
 device state (its KV cache, rows and logits) against the KV cache its shape implies, and the
 process's peak RSS. One JSON line per run.
 
@@ -23,13 +21,13 @@ run took (the first compiles, the second runs compiled code: the difference is t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import resource
-import statistics
 import time
 
 import jax
 import numpy as np
+from decode_timing import measure
 
 from learner.config import ModelConfig
 from learner.engine import Engine, Request
@@ -37,15 +35,13 @@ from learner.hf import load_params
 from learner.sampling import SamplingParams
 
 
-def run(engine: Engine, prompts: np.ndarray, new_tokens: int, seed: int) -> float:
-    """Seconds to complete one request per prompt."""
-    started = time.perf_counter()
+def run(engine: Engine, prompts: np.ndarray, new_tokens: int, seed: int) -> None:
+    """Completes one request per prompt."""
     for i, prompt in enumerate(prompts):
         engine.submit(Request(prompt, new_tokens, np.array([seed, i], np.uint32)))
     done = 0
     while done < len(prompts):
         done += len(engine.step())
-    return time.perf_counter() - started
 
 
 def compiles(engine: Engine, slots: int, episodes: int, new_tokens: int, vocab: int) -> dict:
@@ -99,24 +95,14 @@ def main() -> None:
     engine.load(0, load_params(config))
     rng = np.random.default_rng(0)
     prompts = rng.integers(10, min(config.vocab_size, 30_000), (args.slots, args.context)).astype(np.int32)
-    started = time.perf_counter()
-    run(engine, prompts, 1, 0)
-    run(engine, prompts, args.new_tokens, 0)
-    compile_s = time.perf_counter() - started
-    t1 = statistics.median(run(engine, prompts, 1, r) for r in range(args.repeats))
-    tn = statistics.median(run(engine, prompts, args.new_tokens, r) for r in range(args.repeats))
-    head_dim = config.d_model // config.n_heads
-    implied_kv = 2 * config.n_layers * args.slots * config.max_len * config.n_kv_heads * head_dim * np.dtype(
-        np.float32 if args.dtype == "float32" else jax.numpy.bfloat16).itemsize
+    seeds = itertools.count()
+    timing = measure(lambda n: run(engine, prompts, n, next(seeds)), slots=args.slots, context=args.context,
+                     new_tokens=args.new_tokens, repeats=args.repeats)
     print(json.dumps({
         "system": "tandem", "jax_version": jax.__version__, "part": "decode", "model": args.model,
         "dtype": args.dtype, "slots": args.slots, "context": args.context, "new_tokens": args.new_tokens,
-        "first_calls_s": round(compile_s, 2), "prefill_s": round(t1, 4), "generate_s": round(tn, 4),
-        "prefill_tokens_per_s": round(args.slots * args.context / t1, 1),
-        "decode_tokens_per_s": round(args.slots * (args.new_tokens - 1) / (tn - t1), 2),
-        "kv_implied_bytes": implied_kv, **{f"{k}_bytes": v for k, v in engine.device_bytes.items()},
-        "compiles": engine.compiles,
-        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2),
+        **timing, "kv_implied_bytes": args.slots * config.max_len * config.kv_bytes_per_position,
+        **{f"{k}_bytes": v for k, v in engine.device_bytes.items()}, "compiles": engine.compiles,
         "how": "Engine.submit x slots, Engine.step until done; no stop ids"}))
 
 

@@ -53,7 +53,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import resource
 import statistics
 import time
 from pathlib import Path
@@ -73,6 +72,8 @@ from tunix.rl import trainer as rl_trainer
 from tunix.rl.grpo import grpo_learner
 from tunix.sft import peft_trainer, sharding_utils
 from tunix.utils import mesh as mesh_lib
+
+from decode_timing import peak_rss_gb
 
 # model_type -> (Tunix model module, its params module, the ModelConfig field for tied embeddings)
 FAMILIES = {
@@ -196,10 +197,6 @@ jax.monitoring.register_event_duration_secs_listener(
         event == "/jax/core/compile/backend_compile_duration")))
 
 
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB
-
-
 def timed(fn, *args, **kwargs) -> tuple[float, object]:
     start = time.perf_counter()
     out = jax.block_until_ready(fn(*args, **kwargs))
@@ -257,7 +254,7 @@ def decode_part(args, model, hf: dict) -> dict:
         # Tunix's prefill computes logits at every prompt position unless the model takes
         # decode_only_last_token (qwen2 and llama3 in 0.1.7 do not): B*P*vocab of them.
         "prefill_logits_all_positions": not sampler._supports_decode_only_last_token,
-        "peak_rss_gb": round(peak_rss_gb(), 3),
+        "peak_rss_gb": peak_rss_gb(),
         "how": "tunix.generate.sampler.Sampler.__call__ on token-id prompts (id tokenizer, no bos), "
                "temperature 1, top_p 1, eos/pad forbidden; t1 = max_generation_steps 1, tN = N; "
                "medians of interleaved timed calls after one compiling call each",
@@ -314,7 +311,7 @@ def learner_part(args, model, hf: dict) -> dict:
         "first_calls_s": round(first, 3), "step_s": [round(t, 4) for t in times],
         "median_step_s": round(step_s, 4),
         "tokens_per_s": round(args.rows * args.length / step_s, 1),
-        "loss": losses, "peak_rss_gb": round(peak_rss_gb(), 3),
+        "loss": losses, "peak_rss_gb": peak_rss_gb(),
         "compiles_in_timed_calls": compiles,
         "how": "tunix.rl.trainer.Trainer.jit_train_and_eval_step() (PeftTrainer._train_step under "
                "nnx.jit: nnx.value_and_grad of algo_core.grpo_loss_fn wired as GRPOLearner wires "

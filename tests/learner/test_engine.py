@@ -383,3 +383,14 @@ def test_bad_requests_and_versions_raise(params):
     engine.load(2, params[0])  # the same version again: nothing to do
     with pytest.raises(ValueError, match="older"):
         engine.load(1, params[1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_kv_cache_is_what_its_shape_says(dtype):
+    config = CONFIG.model_copy(update={"n_layers": 2, "dtype": dtype})
+    engine = Engine(config, slots=3, sampling=SAMPLING, stop_ids=())
+    assert config.kv_bytes_per_position == 2 * 2 * 1 * 16 * (4 if dtype == "float32" else 2)
+    assert engine.device_bytes["kv_cache"] == 3 * 16 * config.kv_bytes_per_position
+    assert engine.device_bytes["slots"] > engine.device_bytes["kv_cache"] and engine.device_bytes["weights"] == 0
+    engine.load(0, init_params(config, 0))
+    assert engine.device_bytes["weights"] == sum(x.size * 4 for x in jax.tree.leaves(init_params(config, 0)))
