@@ -93,7 +93,7 @@ def make_decode(model: ModelConfig, actors: ActorsConfig, stop_ids: tuple[int, .
 
     @functools.partial(jax.jit, donate_argnums=4)
     def decode(params, pending_bt, starts_b, counts_b, cache, key):
-        rows, width = pending_bt.shape[0], cache[0].k.shape[1]
+        rows, width = pending_bt.shape[0], cache[0].length
         positions = starts_b[:, None] + jnp.arange(pending_bt.shape[1])
         logits, cache = extend(params, pending_bt, positions, cache, jnp.maximum(counts_b - 1, 0))
         lengths, wrote = starts_b + counts_b, counts_b > 0

@@ -56,13 +56,13 @@ def limits() -> dict:
     return {"bandwidth_gb_s": 2 * a.nbytes / min(copies) / 1e9, "matmul_gflop_s": 2 * 4096 ** 3 / matmul_s / 1e9}
 
 
-def side(system: str, model: Path, slots: int, context: int, new_tokens: int) -> dict:
+def side(system: str, model: Path, slots: int, context: int, new_tokens: int, repeats: int) -> dict:
     python, script = SIDES[system]
     if not Path(python).exists():
         return {"system": system, "error": f"{python} missing (make tunix-venv)"}
     done = subprocess.run([python, script, "--part", "decode", "--model", str(model), "--slots", str(slots),
                            "--context", str(context),
-                           "--new-tokens", str(new_tokens), "--repeats", "1"],
+                           "--new-tokens", str(new_tokens), "--repeats", str(repeats)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1_800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
@@ -82,8 +82,9 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", choices=sorted(SIDES), default=["tandem", "transformers", "tunix"])
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed pairs in each system's run")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "llm_shapes.json")
     args = parser.parse_args()
     limit = limits()
@@ -94,13 +95,13 @@ def main() -> None:
         for model in args.models:
             for slots in args.slots:
                 for system in args.systems:
-                    result = side(system, model, slots, args.context, args.new_tokens)
+                    result = side(system, model, slots, args.context, args.new_tokens, args.repeats)
                     runs.setdefault((model.name, slots, system), []).append(result)
                     print(f"round {round_}: {model.name} slots {slots} {system}: "
                           f"{result.get('decode_tokens_per_s', result.get('error'))}", flush=True)
     rows = []
     for (name, slots, system), results in runs.items():
-        good = [r for r in results if "error" not in r]
+        good = [r for r in results if "error" not in r and r.get("decode_tokens_per_s")]
         row = {"model": name, "slots": slots, "system": system, "runs": len(good)}
         if not good:
             rows.append(row | {"error": results[-1].get("error")})

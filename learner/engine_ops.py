@@ -60,10 +60,10 @@ def admit(extend: Extend, params: Params, state: Slots, slots_k: jax.Array, new:
     if suffix:
         compact = jax.tree.map(lambda x: x.at[slots_k].get(mode="clip"), state.cache)
     else:
-        compact = jax.tree.map(lambda x: jnp.zeros((k, prefill_len, *x.shape[2:]), x.dtype), state.cache)
+        compact = jax.tree.map(lambda x: jnp.zeros((k, x.shape[1], prefill_len, x.shape[3]), x.dtype), state.cache)
     tokens_kp = jnp.take_along_axis(new.tokens, jnp.minimum(positions_kp, window - 1), axis=1)
     logits_kv, compact = extend(params, tokens_kp, positions_kp, compact, new.lengths - 1 - starts_k)
-    cache = jax.tree.map(lambda x, y: x.at[slots_k, :y.shape[1]].set(y, mode="drop"), state.cache, compact)
+    cache = jax.tree.map(lambda x, y: x.at[slots_k, :, :y.shape[2]].set(y, mode="drop"), state.cache, compact)
     return Slots(rows=jax.tree.map(lambda x, y: x.at[slots_k].set(y, mode="drop"), state.rows, new),
                  logprobs_bs=state.logprobs_bs, done_b=state.done_b.at[slots_k].set(False, mode="drop"),
                  next_logits_bv=state.next_logits_bv.at[slots_k].set(logits_kv, mode="drop"), cache=cache)

@@ -34,10 +34,21 @@ Forward = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 class LayerCache(NamedTuple):
-    """One layer's keys and values, [B, S, n_kv_heads, head_dim]; slot s holds position s."""
+    """One layer's keys and values, [B, n_kv_heads, S, head_dim]; slot s holds position s.
+
+    Heads before positions, so that attention reads each head's keys as one contiguous
+    [S, head_dim] matrix: with positions first, XLA:CPU transposed the whole cache on every
+    decode step, and attention over a 1,024-token cache took 6x as long
+    (`benchmarks/llm_shapes.py`).
+    """
 
     k: jax.Array
     v: jax.Array
+
+    @property
+    def length(self) -> int:
+        """S, the positions each row holds."""
+        return self.k.shape[2]
 
 
 KVCache = tuple[LayerCache, ...]
@@ -138,10 +149,39 @@ class Attention(nnx.Module):
         """
         q, k, v = self._qkv(x_btd, positions_bt)
         rows = jnp.arange(x_btd.shape[0])[:, None]
-        cache = LayerCache(cache.k.at[rows, positions_bt].set(k.astype(cache.k.dtype), mode="drop"),
-                           cache.v.at[rows, positions_bt].set(v.astype(cache.v.dtype), mode="drop"))
-        mask = cache_mask(positions_bt, cache.k.shape[1])
-        return self._out(q, cache.k.astype(q.dtype), cache.v.astype(q.dtype), mask), cache
+        # Indices split by a slice put their dims first: the update is [B, T, heads, head_dim].
+        cache = LayerCache(cache.k.at[rows, :, positions_bt].set(k.astype(cache.k.dtype), mode="drop"),
+                           cache.v.at[rows, :, positions_bt].set(v.astype(cache.v.dtype), mode="drop"))
+        mask_b1ts = cache_mask(positions_bt, cache.length)
+        out = cached_attention(q, cache.k.astype(q.dtype), cache.v.astype(q.dtype), mask_b1ts)
+        return self.o(out.reshape(*q.shape[:2], self.n_heads * self.head_dim)), cache
+
+
+def cached_attention(q_bthd: jax.Array, k_bksd: jax.Array, v_bksd: jax.Array, mask_b1ts: jax.Array) -> jax.Array:
+    """Grouped-query attention of T new queries over a cache laid out heads first.
+
+    Each key head's G query heads and T positions form one [G x T, D] matrix, so both
+    products are plain batched matmuls over (B, K) with contiguous operands: XLA:CPU ran
+    the five-dimensional einsum of `jax.nn.dot_product_attention` 2.6x slower on a decode
+    step (`benchmarks/llm_shapes.py`).
+
+    Args:
+      q_bthd: [B, T, H, D] queries; H = K x G, query head h reads key head h // G.
+      k_bksd, v_bksd: [B, K, S, D] the cache's keys and values.
+      mask_b1ts: bool [B, 1, T, S] which slots each query sees.
+
+    Returns:
+      [B, T, H, D], as `jax.nn.dot_product_attention` over the same keys gives.
+    """
+    b, t, h, d = q_bthd.shape
+    kv_heads, s = k_bksd.shape[1:3]
+    g = h // kv_heads
+    q_bkmd = q_bthd.reshape(b, t, kv_heads, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * t, d)
+    scores = jnp.einsum("bkmd,bksd->bkms", q_bkmd, k_bksd, preferred_element_type=jnp.float32) * d ** -0.5
+    mask_b1ms = jnp.broadcast_to(mask_b1ts[:, :, None], (b, 1, g, t, s)).reshape(b, 1, g * t, s)
+    probs = jax.nn.softmax(jnp.where(mask_b1ms, scores, jnp.finfo(jnp.float32).min), axis=-1)
+    out_bkmd = jnp.einsum("bkms,bksd->bkmd", probs.astype(v_bksd.dtype), v_bksd)
+    return out_bkmd.reshape(b, kv_heads, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 class MLP(nnx.Module):
@@ -307,6 +347,6 @@ def _graphdef(config: ModelConfig) -> nnx.GraphDef:
 
 def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
     """An empty cache of `length` slots per row, in the model's compute dtype."""
-    shape = (batch, length, config.n_kv_heads, config.head_dim)
+    shape = (batch, config.n_kv_heads, length, config.head_dim)
     return tuple(LayerCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
                  for _ in range(config.n_layers))
