@@ -37,12 +37,13 @@ What each figure is:
               (MFU uses the higher): FLOP/s of a jitted `--matmul` square matmul, float32
               and bfloat16, on one device, the best of its runs over 3 s. That one
               device's matmul already uses every core, and XLA's host devices share
-              the cores, so it is the peak of all of them together. On H100/H200: the
-              dense spec sheet figure x devices. `--peak-tflops` overrides both.
+              the cores, so it is the peak of all of them together. On a GPU: the dense
+              spec sheet figure x devices (`GPU_PEAK_TFLOPS`). `--peak-tflops` overrides both.
   memory      per device, from the compiled step (`memory_analysis()`): arguments
               (state and batch shards), outputs, the part of the outputs aliased to
               the donated arguments, temporaries (activations, gradients, collectives'
               buffers), generated code; live = arguments + outputs - aliased + temp.
+              On a GPU, also the most its allocator held (`device_peak_bytes`).
   peak RSS    the configuration's process's peak resident memory (all its host
               devices, the compiler and the runtime included).
   CPU         CPU time of the configuration's process over the timed steps / (their
@@ -79,8 +80,17 @@ PRESETS = {
     # ~104M parameters: Llama-style 12 x 768 with grouped-query attention (4 KV heads).
     "100m": dict(d_model=768, n_layers=12, n_heads=12, n_kv_heads=4, d_ff=3072),
 }
-# Dense peak TFLOP/s of one GPU by dtype (H100/H200 SXM spec sheets).
-GPU_PEAK_TFLOPS = {"bfloat16": 989.0, "float32": 67.0}
+# Dense peak TFLOP/s of one GPU by dtype, from NVIDIA's spec sheets, keyed by a part of its
+# `device_kind`: the first that matches (the PCIe and NVL parts before the SXM's "NVIDIA
+# H100 80GB HBM3" and "NVIDIA H200"). float32 is the CUDA cores' figure, not TF32's.
+GPU_PEAK_TFLOPS = (
+    ("H100 PCIe", {"bfloat16": 756.0, "float32": 51.0}),
+    ("H100 NVL", {"bfloat16": 835.0, "float32": 60.0}),
+    ("H200 NVL", {"bfloat16": 835.0, "float32": 60.0}),
+    ("H100", {"bfloat16": 989.0, "float32": 67.0}),
+    ("H200", {"bfloat16": 989.0, "float32": 67.0}),
+    ("A100", {"bfloat16": 312.0, "float32": 19.5}),
+)
 DTYPES = ("float32", "bfloat16")
 
 
@@ -98,6 +108,11 @@ def measured_matmul_tflops(dtype: str, n: int, seconds: float = 3.0) -> float:
     return 2 * n**3 / best / 1e12
 
 
+def spec_peak_tflops(device_kind: str, dtype: str) -> float | None:
+    """One GPU's dense peak TFLOP/s in `dtype` from `GPU_PEAK_TFLOPS`; None for a kind it lacks."""
+    return next((peaks[dtype] for part, peaks in GPU_PEAK_TFLOPS if part in device_kind), None)
+
+
 def machine(peak_override: float | None, matmul: int) -> dict[str, Any]:
     """The devices, and per dtype the peak TFLOP/s of all of them and where it comes from."""
     device, count = jax.devices()[0], jax.device_count()
@@ -105,9 +120,9 @@ def machine(peak_override: float | None, matmul: int) -> dict[str, Any]:
             "cpu_cores": os.cpu_count()}
     if peak_override:
         return {**info, "peaks": {d: (peak_override, "--peak-tflops") for d in DTYPES}}
-    if device.platform == "gpu" and ("H100" in device.device_kind or "H200" in device.device_kind):
-        return {**info, "peaks": {d: (GPU_PEAK_TFLOPS[d] * count, f"{count} x {device.device_kind} dense {d} spec")
-                                  for d in DTYPES}}
+    if device.platform == "gpu" and spec_peak_tflops(device.device_kind, "bfloat16"):
+        return {**info, "peaks": {d: (spec_peak_tflops(device.device_kind, d) * count,
+                                      f"{count} x {device.device_kind} dense {d} spec") for d in DTYPES}}
     if device.platform != "cpu":
         raise SystemExit(f"no known peak for {device.device_kind}; pass --peak-tflops")
     return {**info, "peaks": {d: (measured_matmul_tflops(d, matmul), f"measured: jitted {d} {matmul}^2 matmul, "
@@ -180,7 +195,7 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
         "xla_over_model_flops": xla_flops / (flops_per_token * rows * length) if xla_flops else None,
         "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "load_1min": os.getloadavg()[0],
+        "load_1min": os.getloadavg()[0], "device_peak_bytes": device_peak_bytes(),
     }
     if memory is not None:
         per_device = {
@@ -191,6 +206,18 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
         per_device["live"] = per_device["argument"] + per_device["output"] - per_device["alias"] + per_device["temp"]
         row["memory_per_device_bytes"] = per_device
     return row
+
+
+def device_peak_bytes() -> int | None:
+    """The most bytes the first device's allocator has held in this process: what was
+    really in use, where `memory_analysis` plans (None on CPU, which keeps no count)."""
+    stats = jax.devices()[0].memory_stats()
+    return stats.get("peak_bytes_in_use") if stats else None
+
+
+def mfu(row: dict[str, Any], peak_tflops: float) -> float:
+    """A measured row's model FLOP/s over `peak_tflops` (module docstring)."""
+    return row["tokens_per_s"] * row["model_flops_per_token"] / (peak_tflops * 1e12)
 
 
 def cpu_seconds() -> float:
@@ -299,7 +326,7 @@ def main() -> None:
     for row in results:
         if "error" not in row:
             row["peak_tflops"], row["peak_source"] = peaks[row["dtype"]]
-            row["mfu"] = row["tokens_per_s"] * row["model_flops_per_token"] / (row["peak_tflops"] * 1e12)
+            row["mfu"] = mfu(row, row["peak_tflops"])
     print()
     print(table(results))
     if args.json:

@@ -20,12 +20,17 @@ behind others finds its slot evicted. Demo model, 4-turn episodes of one-token a
 and observations, as many in flight as slots: 1.4-2.0x the episodes per second
 (`benchmarks/engine.py --multi-turn`).
 
-Shapes are bounded: the cache is always [slots, max_len]; a prefill runs on K rows and
-P positions, both powers of two (K from 1 up to the first >= slots), P from 16 for a
-whole context, from 2 for a suffix (whose per-row start positions are traced), both at
-most max_len; decode masks the rows it decodes and traces its chunk length. So with
-max_len = 2**m (m >= 4), at most (ceil(log2 slots) + 1) * ((m - 3) + m) prefill shapes
-(the demo's max_len 16: 1 whole-context and 4 suffix lengths per K), one decode.
+Shapes and memory are bounded: the cache is always [slots, max_len]; a prefill runs on K
+rows and P positions, both powers of two, P from 16 for a whole context, from 2 for a
+suffix (whose per-row start positions are traced), at most min(max_len,
+`prefill_tokens`), and K x P <= `prefill_tokens`; decode masks the rows it decodes and
+traces its chunk length. A longer context is prefilled in passes of P positions
+(chunked prefill, as vLLM and SGLang do), so that neither the compiles nor a prefill's
+transient memory (its attention scores, K x P x heads x max_len) grow with the context:
+at qwen2-125m, 64 slots x 2,048 positions, one call over every slot's context would
+have held 13 GB of scores beside a 3.2 GB cache. With P <= 2**m, at most
+(ceil(log2 slots) + 1) * ((m - 3) + m) prefill shapes (the demo's max_len 16: 1
+whole-context and 4 suffix lengths per K), one decode.
 `Engine.warm_up` compiles them all before the first request, for the K its callers can
 reach (at most as many rows as requests in flight at once), so that no request waits on
 a compile: an episode's clock (`env.episode_timeout_s`) starts after it.
@@ -95,15 +100,20 @@ class Engine:
     """Decodes every admitted request in one batch of `slots` rows (module docstring)."""
 
     def __init__(self, config: ModelConfig, *, slots: int, sampling: SamplingParams,
-                 stop_ids: tuple[int, ...], check_every: int = 16, greedy: bool = False):
+                 stop_ids: tuple[int, ...], check_every: int = 16, greedy: bool = False,
+                 prefill_tokens: int = 2048):
         """Args: config: the policy's model; slots: rows decoded together; sampling: how
         tokens are drawn; stop_ids: tokens that end a request (kept); check_every:
         decode steps between the points where followers switch to newer weights; greedy:
         the likeliest token instead of a draw (log-probs still under `sampling`), sharing
         the compiled decode of an engine that samples with `sampling` (an evaluation
-        beside the actor in its process compiles nothing new)."""
+        beside the actor in its process compiles nothing new); prefill_tokens: a power of
+        two, the most positions one prefill call runs (rows x length; module docstring)."""
         if slots < 1 or check_every < 1:
             raise ValueError(f"slots ({slots}) and check_every ({check_every}) must be >= 1")
+        if prefill_tokens < _MIN_PREFILL or prefill_tokens & (prefill_tokens - 1):
+            raise ValueError(f"prefill_tokens must be a power of two >= {_MIN_PREFILL}, got {prefill_tokens}")
+        self.prefill_tokens = prefill_tokens
         if not all(0 <= t < config.vocab_size for t in stop_ids):
             raise ValueError(f"stop ids {stop_ids} must be in [0, {config.vocab_size})")
         self.max_len, self.sampling, self.check_every = config.max_len, sampling, check_every
@@ -265,23 +275,48 @@ class Engine:
                starts_n: np.ndarray | None = None) -> None:
         """Prefills `slots` with the weights of `version` over their first `lengths_n` tokens,
         from `starts_n` on (their cache holds the rest), or from 0 if None; the tokens they
-        generate from there on record `version`."""
+        generate from there on record `version`.
+
+        In chunks (module docstring): each pass runs at most `prefill_tokens` positions of
+        the rows with tokens left, in calls of at most `_rows_per_call` rows; a row's
+        next-token logits are those of the pass that reaches its last token (an earlier
+        pass's are overwritten), and every pass after a whole-context first one continues
+        on the rows' own cache, as a suffix does."""
+        slots = np.asarray(slots, np.int32)
         requests = [self._rows[b][1] for b in slots]
         first_n = np.array([len(r.tokens) for r in requests], np.int32)
-        suffix = starts_n is not None
         new = Rows(tokens=tokens_ns, lengths=lengths_n, first=first_n,
                    stop_at=np.minimum(first_n + np.array([r.max_new_tokens for r in requests], np.int32), self.max_len),
                    keys=np.stack([self._rows[b][2] for b in slots]))
-        starts_n = starts_n if suffix else np.zeros(len(slots), np.int32)
-        self._prefill(version, np.asarray(slots, np.int32), new, starts_n, _bucket(len(slots), 1),
-                      self._prefill_len(int((lengths_n - starts_n).max()), suffix), suffix)
+        suffix = starts_n is not None
+        done_n = starts_n.astype(np.int32) if suffix else np.zeros(len(slots), np.int32)
+        while (left_n := lengths_n - done_n).max() > 0:
+            rows = np.flatnonzero(left_n > 0)
+            prefill_len = self._prefill_len(int(left_n[rows].max()), suffix)
+            per_call = self._rows_per_call(prefill_len, suffix)
+            for part in (rows[i:i + per_call] for i in range(0, len(rows), per_call)):
+                self._prefill(version, slots[part], jax.tree.map(lambda x: x[part], new), done_n[part],
+                              _bucket(len(part), 1), prefill_len, suffix)
+            done_n[rows] += prefill_len
+            suffix = True
         self._version_b[slots] = version
         later_ns = np.arange(self.max_len) >= lengths_n[:, None]
         self._versions_bs[slots] = np.where(later_ns, version, self._versions_bs[slots])
 
     def _prefill_len(self, tokens: int, suffix: bool) -> int:
-        """P, the positions a prefill of `tokens` new tokens runs on: its power-of-two bucket."""
-        return min(_bucket(tokens, _MIN_SUFFIX if suffix else _MIN_PREFILL), self.max_len)
+        """P, the positions a prefill pass of `tokens` new tokens runs on: its power-of-two
+        bucket, at most `prefill_tokens` (a longer context takes several passes)."""
+        return min(_bucket(tokens, _MIN_SUFFIX if suffix else _MIN_PREFILL), self.max_len, self.prefill_tokens)
+
+    def _rows_per_call(self, prefill_len: int, suffix: bool) -> int:
+        """K, the most rows of one prefill call of P = `prefill_len` positions: K x P <=
+        `prefill_tokens`, and a suffix call, which copies its rows' whole cache rows
+        (`engine_ops.admit`), copies at most 8 x `prefill_tokens` positions; a power of two."""
+        rows = self.prefill_tokens // prefill_len
+        if suffix:
+            rows = min(rows, 8 * self.prefill_tokens // self.max_len)
+        rows = min(max(rows, 1), len(self._rows))
+        return 1 << (rows.bit_length() - 1)
 
     def _prefill(self, version: int, slots_n: np.ndarray, new: Rows, starts_n: np.ndarray, k: int,
                  prefill_len: int, suffix: bool) -> None:
@@ -312,12 +347,12 @@ class Engine:
         """Every prefill shape (K, P, suffix) this engine can run while at most `in_flight`
         requests (default: `slots`) are in it at once: a prefill admits or retracts no more
         rows than that, K its power-of-two bucket; P any bucket of a context (whole) or of
-        what a turn adds (suffix) in the window (module docstring)."""
+        what a turn adds (suffix), at most `prefill_tokens` (module docstring)."""
         rows = _bucket(min(in_flight or len(self._rows), len(self._rows)), 1)
-        ks = [1 << i for i in range(rows.bit_length())]
         lengths = {suffix: sorted({self._prefill_len(n, suffix) for n in range(1, self.max_len + 1)})
                    for suffix in (False, True)}
-        return [(k, p, suffix) for suffix, ps in lengths.items() for p in ps for k in ks]
+        return [(1 << i, p, suffix) for suffix, ps in lengths.items() for p in ps
+                for i in range(min(rows, self._rows_per_call(p, suffix)).bit_length())]
 
     def warm_up(self, in_flight: int | None = None) -> int:
         """Compiles the decode and every prefill shape of `prefill_shapes(in_flight)` now, so

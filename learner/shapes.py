@@ -3,9 +3,10 @@
 A shape fixes the architecture (`ModelConfig`'s size fields) and how it is written as a
 Hugging Face `config.json`; the weights and the tokenizer come from `learner.checkpoint_dir`.
 Qwen2 has biases on the query, key and value projections and ties its embeddings at small
-sizes; Llama has no biases and an untied output head. `qwen2-500m` is Qwen2.5-0.5B's shape
-(Qwen Team 2024, its config.json): 24 layers of 896, 14 query heads over 2 key/value heads,
-a vocabulary of 151,936 rows.
+sizes; Llama has no biases and an untied output head. `qwen2-500m` and `qwen2-1.5b` are
+Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes (Qwen Team 2024, their config.json): 24 layers of
+896 with 14 query heads, and 28 layers of 1,536 with 12, over 2 key/value heads, a
+vocabulary of 151,936 rows.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ SHAPES: dict[str, Shape] = {
     "qwen2-25m": Shape("qwen2", 384, 8, 6, 2, 1_024, _VOCAB, tie_embeddings=True),
     "qwen2-125m": Shape("qwen2", 768, 12, 12, 4, 3_072, _VOCAB, tie_embeddings=True),
     "qwen2-500m": Shape("qwen2", 896, 24, 14, 2, 4_864, 151_936, tie_embeddings=True),
+    "qwen2-1.5b": Shape("qwen2", 1_536, 28, 12, 2, 8_960, 151_936, tie_embeddings=True),
     "llama-25m": Shape("llama", 256, 8, 4, 2, 1_024, _VOCAB, tie_embeddings=False, rope_theta=500_000.0),
     "llama-125m": Shape("llama", 768, 10, 12, 4, 3_072, _VOCAB, tie_embeddings=False, rope_theta=500_000.0),
     "llama-500m": Shape("llama", 1_024, 28, 16, 4, 4_096, _VOCAB, tie_embeddings=False, rope_theta=500_000.0),

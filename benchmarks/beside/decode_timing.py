@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 
 
-def peak_rss_gb() -> float:
+def peak_rss_gb(field: str = "VmHWM") -> float:
     """This process's peak resident memory, GB: VmHWM, which starts anew at exec. (Linux's
     ru_maxrss keeps the parent's peak across fork and exec, so a side script started by
-    `llm_shapes.py` would report that benchmark's own 2 GiB of bandwidth arrays.)"""
+    `llm_shapes.py` would report that benchmark's own 2 GiB of bandwidth arrays.) With
+    `field` "VmRSS": the resident memory now."""
     with open("/proc/self/status") as status:
-        kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        kib = next(int(line.split()[1]) for line in status if line.startswith(f"{field}:"))
     return round(kib * 1024 / 1e9, 3)
 
 

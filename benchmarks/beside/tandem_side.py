@@ -8,6 +8,11 @@ static caches do. Timed as every side script times (`decode_timing`). Memory: th
 device state (its KV cache, rows and logits) against the KV cache its shape implies, and the
 process's peak RSS. One JSON line per run.
 
+`--part memory`: one call as `--part decode` makes it (every slot's context prefilled, then
+decoded to `--new-tokens`), untimed: the engine's device bytes and the process's peak RSS
+against what the shapes imply (weights, and slots x max_len cached positions); the RSS
+before the weights are read (the runtime: Python, JAX, XLA) is printed apart.
+
 `--part compiles`: `--episodes` multi-turn episodes of mixed lengths (a first context of
 16..max_len/2 tokens, 1-3 turns of up to `--new-tokens` tokens each followed by an
 observation of 4..64 tokens, continued on the episode's warm prefix), `--slots` in flight,
@@ -15,6 +20,7 @@ played twice in one process: the distinct shapes the engine compiled, and the se
 run took (the first compiles, the second runs compiled code: the difference is the compiles'). Usage:
 
     python benchmarks/beside/tandem_side.py --model DIR --slots 8 --context 1024 --new-tokens 64
+    python benchmarks/beside/tandem_side.py --model DIR --part memory --slots 64 --context 1984
     python benchmarks/beside/tandem_side.py --model DIR --part compiles --context 2048 --episodes 200
 """
 
@@ -27,7 +33,7 @@ import time
 
 import jax
 import numpy as np
-from decode_timing import measure
+from decode_timing import measure, peak_rss_gb
 
 from learner.config import ModelConfig
 from learner.engine import Engine, Request
@@ -77,9 +83,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--part", choices=("decode", "compiles"), default="decode")
+    parser.add_argument("--part", choices=("decode", "memory", "compiles"), default="decode")
     parser.add_argument("--episodes", type=int, default=200)
     args = parser.parse_args()
+    runtime_gb = peak_rss_gb("VmRSS")
     if args.part == "compiles":
         config = ModelConfig(init=args.model, max_len=args.context, dtype=args.dtype)
         engine = Engine(config, slots=args.slots, sampling=SamplingParams(), stop_ids=())
@@ -91,10 +98,23 @@ def main() -> None:
                           "compiles_after_both": again["compiles"]}))
         return
     config = ModelConfig(init=args.model, max_len=args.context + args.new_tokens, dtype=args.dtype)
+    params = jax.device_put(load_params(config))  # the host copy is freed before the cache exists
     engine = Engine(config, slots=args.slots, sampling=SamplingParams(), stop_ids=())
-    engine.load(0, load_params(config))
+    engine.load(0, params)
     rng = np.random.default_rng(0)
     prompts = rng.integers(10, min(config.vocab_size, 30_000), (args.slots, args.context)).astype(np.int32)
+    if args.part == "memory":
+        started = time.perf_counter()
+        run(engine, prompts, args.new_tokens, 0)
+        held = engine.device_bytes
+        kv_implied = args.slots * config.max_len * config.kv_bytes_per_position
+        print(json.dumps({"system": "tandem", "part": "memory", "model": args.model, "dtype": args.dtype,
+                          "slots": args.slots, "max_len": config.max_len, "seconds": round(time.perf_counter() - started, 1),
+                          "kv_implied_bytes": kv_implied, **{f"{k}_bytes": v for k, v in held.items()},
+                          "implied_bytes": kv_implied + held["weights"], "runtime_rss_gb": runtime_gb,
+                          "peak_rss_gb": peak_rss_gb(),
+                          "prefill_tokens": engine.prefill_tokens, "compiles": engine.compiles}))
+        return
     seeds = itertools.count()
     timing = measure(lambda n: run(engine, prompts, n, next(seeds)), slots=args.slots, context=args.context,
                      new_tokens=args.new_tokens, repeats=args.repeats)

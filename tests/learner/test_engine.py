@@ -219,6 +219,31 @@ def test_compiles_stay_within_the_bound():
         engine.compiles["prefill"] + engine.compiles["suffix"], 1)
 
 
+def test_a_long_context_is_prefilled_in_chunks_that_draw_the_same():
+    config = CONFIG.model_copy(update={"max_len": 64})
+    weights = init_params(config, seed=0)
+    rng = np.random.default_rng(3)
+    requests = [Request(rng.integers(1, config.vocab_size, n).astype(np.int32), max_new_tokens=6,
+                        key=jax.random.key(i), prefix_key=i) for i, n in enumerate([50, 3, 33, 17, 58, 9])]
+    engines = {}
+    for budget in (16, 64):  # passes of at most 16 positions, one row each; or one pass of every row
+        engine = Engine(config, slots=6, sampling=SAMPLING, stop_ids=(), prefill_tokens=budget)
+        engine.load(0, weights)
+        first = _run(engine, requests)
+        # A second turn continues each episode on its warm prefix: a suffix of up to 25 tokens.
+        later = [dataclasses.replace(r, tokens=np.concatenate([r.tokens, c.tokens, np.full(n, 5, np.int32)]),
+                                     key=jax.random.key(10 + i))
+                 for i, (r, c, n) in enumerate(zip(requests, first, [0, 25, 3, 25, 0, 2])) if i in (1, 2, 3, 5)]
+        engines[budget] = engine, first + _run(engine, later)
+    (chunked, got), (_, expected) = engines[16], engines[64]
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert all(k * p <= 16 for k, p, _ in chunked._prefill_shapes)
+    assert {p for _, p, _ in chunked.prefill_shapes()} <= {2, 4, 8, 16}
+    assert chunked.admitted["suffix"] > 0
+
+
 def test_after_warm_up_the_first_requests_compile_nothing_and_draw_the_same(params):
     """A warmed engine has compiled every shape its first episodes meet (whole contexts of
     any length, the suffixes of later turns, the decode): their clock never pays a compile."""

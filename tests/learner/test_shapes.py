@@ -22,6 +22,14 @@ def test_qwen2_500m_is_qwen2_5_0_5b():
     assert shape.qkv_bias and shape.tie_embeddings and round(shape.parameters() / 1e6) == 494
 
 
+def test_qwen2_1_5b_is_qwen2_5_1_5b():
+    shape = SHAPES["qwen2-1.5b"]
+    assert (shape.d_model, shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.d_ff, shape.vocab) == (
+        1536, 28, 12, 2, 8960, 151_936)
+    assert (shape.rope_theta, shape.norm_eps) == (1e6, 1e-6)
+    assert shape.qkv_bias and shape.tie_embeddings and shape.parameters() == 1_543_714_304
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_the_hf_config_reads_back_as_the_shape(tmp_path, family):
     import json
