@@ -5,13 +5,17 @@ Each system runs in a process of its own (`benchmarks/beside/*_side.py`: Tunix's
 environment, `make tunix-venv`), the systems in turns within each of `--rounds` rounds, so that
 drift on a shared machine falls on all alike; figures are medians over the rounds. Per model
 and slots count: prefill and decode tokens/s at `--context` tokens, peak RSS, and Tandem's
-decode against the faster other. The limits are measured in this process first: memory
+decode against the faster other. With `--learner-rows`, the learner too: a GRPO train step on
+the same rows (`--learner-rows` x `--learner-length` tokens), Tandem's (`learner_throughput.py
+--shape`, MFU against its measured matmul peak) beside Tunix's, alternated in the same rounds.
+The limits are measured in this process first: memory
 bandwidth (a NumPy copy of 1 GiB, bytes read plus written) and f32 matmul FLOP/s (a jitted
 4096^2 product). Batch-1 decode reads every weight and the cached keys and values once per
 token, so its share of the bandwidth limit is tokens/s x (weight bytes + context x KV bytes
 a position) / bandwidth. Usage:
 
     python benchmarks/llm_shapes.py --models models/qwen2-25m models/qwen2-125m --slots 1 8
+    python benchmarks/llm_shapes.py --models models/qwen2-125m --slots --learner-rows 2
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,6 +75,51 @@ def side(system: str, model: Path, slots: int, context: int, new_tokens: int, re
     return json.loads(lines[-1])
 
 
+def learner_side(system: str, model: Path, rows: int, length: int, steps: int) -> dict:
+    """One GRPO train step's tokens/s on `rows` x `length` tokens, in a process of its own."""
+    if system == "tunix":
+        python, script = SIDES["tunix"]
+        if not Path(python).exists():
+            return {"error": f"{python} missing (make tunix-venv)"}
+        command = [python, script, "--part", "learner", "--model", str(model)]
+    else:  # Tandem's learner on the model's shape (learner.shapes), random weights alike
+        command = [sys.executable, "benchmarks/learner_throughput.py", "--shape", model.name]
+    with tempfile.TemporaryDirectory() as tmp:
+        if system == "tandem":
+            command += ["--json", f"{tmp}/out.json"]
+        done = subprocess.run(command + ["--rows", str(rows), "--length", str(length), "--steps", str(steps)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=3_600)
+        if done.returncode:
+            return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
+        if system == "tandem":
+            row = json.loads(Path(f"{tmp}/out.json").read_text())["rows"][0]
+            if "error" in row:
+                return {"error": row["error"]}
+            return {"tokens_per_s": row["tokens_per_s"], "mfu": row["mfu"],
+                    "peak_rss_gb": row["peak_rss_bytes"] / 1e9}
+    result = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    return {"tokens_per_s": result["tokens_per_s"], "peak_rss_gb": result["peak_rss_gb"]}
+
+
+def learner_rows(runs: dict[tuple, list[dict]]) -> list[dict]:
+    rows = []
+    for (name, system), results in runs.items():
+        good = [r for r in results if "error" not in r]
+        row = {"model": name, "system": system, "runs": len(good)}
+        if not good:
+            rows.append(row | {"error": results[-1].get("error")})
+            continue
+        for key in ("tokens_per_s", "mfu", "peak_rss_gb"):
+            if key in good[0]:
+                row[key] = statistics.median(r[key] for r in good)
+        rows.append(row)
+    for row in rows:
+        tunix = [r.get("tokens_per_s") for r in rows if (r["model"], r["system"]) == (row["model"], "tunix")]
+        if row["system"] == "tandem" and row.get("tokens_per_s") and tunix and tunix[0]:
+            row["tandem_x_tunix"] = row["tokens_per_s"] / tunix[0]
+    return rows
+
+
 def weight_and_kv_bytes(model: Path) -> tuple[int, int]:
     """Bytes of the weights (float32) and of one cached position's keys and values."""
     weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
@@ -80,19 +130,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, nargs="+", required=True)
     parser.add_argument("--systems", nargs="+", choices=sorted(SIDES), default=["tandem", "transformers", "tunix"])
-    parser.add_argument("--slots", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--slots", type=int, nargs="*", default=[1, 8], help="none: no generation")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3, help="timed pairs in each system's run")
+    parser.add_argument("--learner-rows", type=int, default=0, help="0: no learner comparison")
+    parser.add_argument("--learner-length", type=int, default=1024)
+    parser.add_argument("--learner-steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "llm_shapes.json")
     args = parser.parse_args()
     limit = limits()
     print(f"limits here: memory bandwidth {limit['bandwidth_gb_s']:.1f} GB/s, f32 matmul "
           f"{limit['matmul_gflop_s']:.0f} GFLOP/s; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     runs: dict[tuple, list[dict]] = {}
+    learner_runs: dict[tuple, list[dict]] = {}
+    learner_systems = [s for s in ("tandem", "tunix") if s in args.systems]
     for round_ in range(args.rounds):
         for model in args.models:
+            for system in learner_systems if args.learner_rows else []:
+                result = learner_side(system, model, args.learner_rows, args.learner_length, args.learner_steps)
+                learner_runs.setdefault((model.name, system), []).append(result)
+                print(f"round {round_}: {model.name} learner {system}: "
+                      f"{result.get('tokens_per_s', result.get('error'))}", flush=True)
             for slots in args.slots:
                 for system in args.systems:
                     result = side(system, model, slots, args.context, args.new_tokens, args.repeats)
@@ -117,6 +177,12 @@ def main() -> None:
                   if (r["model"], r["slots"]) == (row["model"], row["slots"]) and r["system"] != "tandem"]
         if row["system"] == "tandem" and any(others):
             row["tandem_x_faster_other"] = row["decode_tokens_per_s"] / max(others)
+    if learner_runs:
+        emit(f"GRPO train step on {args.learner_rows} x {args.learner_length} tokens, float32, "
+             f"medians of {args.rounds} rounds", learner_rows(learner_runs),
+             args.out.with_name(args.out.stem + "_learner.json"), limits=limit)
+    if not rows:
+        return
     emit(f"generation at {args.context}-token contexts, {args.new_tokens} new tokens, medians of {args.rounds} rounds",
          rows, args.out, limits=limit)
 

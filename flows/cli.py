@@ -401,6 +401,11 @@ def _interrupted(console, spec: Spec, last, seconds: float, signum: int) -> int:
     version = RunDir(spec.run_dir).latest_version()
     step = RunDir(spec.run_dir).checkpoint_step(version) if version is not None else 0
     where = f"its checkpoint of version {version} (step {step})" if version is not None else "the start"
+    if version is None and spec.warmup is not None:
+        from tasks.run_dir import committed_versions
+
+        updates = committed_versions(RunDir(spec.run_dir).warmup_checkpoints)
+        where = f"its warm-up's checkpoint of update {updates[-1]}" if updates else "the start of its warm-up"
     again = f"; steps {step + 1}-{last.step} are trained again" if last and last.step > step else ""
     console.print(f"Interrupted ({signal_name(signum)}) after {_minutes(seconds)}; "
                   f"the run resumes from {where}{again}.")

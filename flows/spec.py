@@ -25,6 +25,7 @@ from tasks.config import (
     EpisodesConfig,
     EvalConfig,
     SyncConfig,
+    WarmupConfig,
 )
 
 
@@ -43,6 +44,7 @@ class Spec(Frozen):
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
     episodes: EpisodesConfig = EpisodesConfig()
+    warmup: WarmupConfig | None = None  # supervised fine-tuning on demonstrations first (`tasks.warmup`)
 
     @model_validator(mode="after")
     def _episodes_fit(self) -> "Spec":
@@ -119,6 +121,13 @@ class Spec(Frozen):
                 f"{{1}} × {{2}} = {samples} episodes of up to {{3}} = {max_len} tokens, {bucket // max_len} to a "
                 f"row, need up to {need} rows; set learner.rows to {fits} (or null: a row per episode), or raise "
                 "the largest bucket", ("learner.buckets", "learner.batch_groups", "actors.group_size", "model.max_len"))
+        return self
+
+    @model_validator(mode="after")
+    def _warmup_on_one_local_host(self) -> "Spec":
+        if self.warmup is not None and (self.learner.hosts > 1 or self.learner.cluster != "local"):
+            raise FieldError("warmup", "a warm-up runs on this machine's devices: it needs learner.hosts 1 and "
+                             "learner.cluster local (warm up apart, then point model.init at its export)")
         return self
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from tasks.runtime.session.failures import Unrecoverable
 from tasks.runtime.processes.interrupt import INTERRUPT, blocking, reclaim_sigterm
 from tasks.runtime.session.stopping import StopReason
 from tasks.runtime.processes.task import learn, run_dir_locked
+from tasks.warmup.task import warmup
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -52,12 +53,18 @@ def prepare_run_dir(spec: Spec, log: Callable[[str], None] = print) -> Path:
 
 @flow(name="tandem-train", log_prints=True)
 def train(spec: Spec):
-    """Trains the spec's agent: actors on Dask stream groups to the learner task. Returns
+    """Trains the spec's agent: a warm-up first if the spec has one, then actors on Dask
+    stream groups to the learner task. Returns
     where training ended (`step`, `version`, `stopped`, `accounting`); a Cancelled state
     (with that result) if Ctrl-C or SIGTERM stopped it (`tasks.runtime.processes.interrupt`)."""
     reclaim_sigterm()  # from Prefect's engine, under `tandem run`: SIGTERM stops as Ctrl-C does
     run_dir = prepare_run_dir(spec, log=get_run_logger().info)
     _take_over(run_dir, log=get_run_logger().warning)
+    if spec.warmup is not None:  # its last checkpoint is version 0 (`tasks.warmup`)
+        warmed = warmup(spec, spec.name)
+        if INTERRUPT.is_set() or warmed["stopped"] != "steps":
+            return Cancelled(message=f"Stopped in the warm-up at update {warmed['step']} of {spec.warmup.steps} "
+                             f"(checkpointed); `tandem resume {run_dir}` continues it", data=warmed)
     with contextlib.ExitStack() as stack:
         # The actors play on through a Ctrl-C or a SIGTERM, till the learner stops them (tasks.runtime.processes.interrupt).
         with blocking(signal.SIGINT, signal.SIGTERM):

@@ -138,6 +138,8 @@ class LossConfig(Frozen):
         current policy) and each token is weighted by min(pi / mu, is_cap).
       "decoupled-ppo": around a proximal policy (the learner's weights when the
         batch's first update starts), weighted by min(pi_prox / mu, is_cap).
+      "supervised": the negative log-likelihood of the trained tokens, advantages and
+        behaviour log-probs unused: a warm-up's fine-tuning on demonstrations (`warmup`).
     is_cap: truncation of the behaviour importance weights; None = untruncated.
     kl_coef: weight of a KL penalty to the initial policy (0 = off; > 0 keeps a
       frozen copy of the initial parameters in the train state).
@@ -151,14 +153,14 @@ class LossConfig(Frozen):
     clip_low: float = Field(0.2, ge=0)  # ratio clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = Field(0.2, ge=0)
     aggregation: Literal["token-mean", "sequence-mean"] = "token-mean"
-    objective: Literal["ppo", "tis", "decoupled-ppo"] = "ppo"
+    objective: Literal["ppo", "tis", "decoupled-ppo", "supervised"] = "ppo"
     is_cap: float | None = Field(None, gt=0)
     kl_coef: float = Field(0.0, ge=0)
     entropy_coef: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _cap_has_a_weight_to_cap(self) -> "LossConfig":
-        if self.is_cap is not None and self.objective == "ppo":
+        if self.is_cap is not None and self.objective in ("ppo", "supervised"):
             raise FieldError(
                 "is_cap", "objective 'ppo' has no importance weight to truncate (its clip is "
                 "around the behaviour policy); use 'tis' or 'decoupled-ppo'"

@@ -1,4 +1,5 @@
-"""Group-relative advantages and the token-level clipped policy objectives.
+"""Group-relative advantages, the token-level clipped policy objectives, and the
+supervised objective of a warm-up.
 
 Pure functions over [R, L] arrays laid out as `learner.batching.Batch` lays them
 out: R packed rows of L tokens, `segment_ids` telling the sequences of a row apart.
@@ -212,6 +213,23 @@ def policy_loss(
     stats = jax.lax.stop_gradient((ratio, unclipped, clipped, weights, kl, logprobs))
     metrics = _metrics(*stats, anchor, behaviour_logprobs, advantages, mask, axis_name)
     return loss, metrics
+
+
+def supervised_loss(
+    logprobs: jax.Array, loss_mask: jax.Array, segment_ids: jax.Array, aggregation: str, *,
+    axis_name: AxisName = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Negative log-likelihood of the masked tokens: supervised fine-tuning on
+    demonstrations, trained on the agent's tokens only (the environment's are context).
+
+    Returns:
+      (loss, metrics): the scalar loss (with `axis_name`, this device's share, as in
+      `aggregate_share`) and `nll`, the token mean over all devices.
+    """
+    _check_same_shape(2, logprobs=logprobs, loss_mask=loss_mask, segment_ids=segment_ids)
+    mask = loss_mask.astype(jnp.float32)
+    loss = -aggregate_share(logprobs, mask, segment_ids, aggregation, axis_name)
+    return loss, {"nll": -masked_mean(jax.lax.stop_gradient(logprobs), mask, axis_name)}
 
 
 def _metrics(ratio, unclipped, clipped, weights, kl, logprobs, anchor, behaviour, advantages, mask, axis_name):

@@ -82,17 +82,21 @@ def abstract_train_state(model_config: ModelConfig, learner_config: LearnerConfi
 
 
 def init_train_state(
-    model_config: ModelConfig, learner_config: LearnerConfig, *, seed: int, mesh: Mesh
+    model_config: ModelConfig, learner_config: LearnerConfig, *, seed: int, mesh: Mesh,
+    params: Params | None = None,
 ) -> TrainState:
     """A fresh state, created directly in its shards (no full copy on one device): random
-    weights, or those of the Hugging Face checkpoint `model.init` names."""
+    weights, those of the Hugging Face checkpoint `model.init` names, or `params` (a
+    warm-up's, say: any layout, resharded here), with a new optimizer state."""
     _, shardings = _abstract_and_shardings(model_config, learner_config, mesh)
     optimizer = make_optimizer(learner_config.optimizer)
     keep_reference = learner_config.loss.kl_coef > 0
-    if model_config.init != "random":
-        from learner.hf import load_params  # reads safetensors; only needed for real models
+    if params is not None or model_config.init != "random":
+        if params is None:
+            from learner.hf import load_params  # reads safetensors; only needed for real models
 
-        params = jax.device_put(load_params(model_config), shardings.params)
+            params = load_params(model_config)
+        params = jax.device_put(params, shardings.params)
         init = jax.jit(functools.partial(_from_params, optimizer, keep_reference), out_shardings=shardings)
         return init(params)
     init = jax.jit(functools.partial(_init, model_config, optimizer, keep_reference), out_shardings=shardings)
@@ -121,6 +125,10 @@ def _device_loss(params, reference, batch, *, forward: Forward, loss_config: Los
     # Without recomputed proximal log-probs this update is the batch's first, so the
     # weights now are the proximal policy's (the weights at the start of the step).
     proximal = batch.get("proximal_logprobs", jax.lax.stop_gradient(logprobs))
+    if loss_config.objective == "supervised":
+        loss, metrics = losses.supervised_loss(logprobs, batch["loss_mask"], batch["segment_ids"],
+                                               loss_config.aggregation, axis_name=sharding.BATCH_AXES)
+        return loss, metrics
     reference_logprobs = None
     if reference is not None:
         reference_logprobs = jax.lax.stop_gradient(_sequence_logprobs(forward, reference, batch))

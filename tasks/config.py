@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import (Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator,
                       model_validator)
 
-from learner.config import FieldError, Frozen, cluster_placement
+from learner.config import FieldError, Frozen, OptimizerConfig, cluster_placement
 
 class EnvConfig(Frozen):
     """The environment: a built-in name or "package.module:Class", constructed as Class(**kwargs)."""
@@ -23,6 +23,25 @@ class EnvConfig(Frozen):
     latency_dist: Literal["fixed", "uniform", "exponential"] = "fixed"
     episode_timeout_s: PositiveFloat = 30.0  # a group taking longer is aborted
     step_timeout_s: PositiveFloat | None = None  # one env call (reset or step) taking longer aborts the group
+
+
+class WarmupConfig(Frozen):
+    """Supervised fine-tuning on demonstrations before RL (`tasks.warmup`): the same model,
+    mesh, buckets and checkpoints as the learner; its last checkpoint is RL's version 0.
+
+    source: "env", the environment's expert (`demonstration(prompt)`, README
+      "Environments") on `examples` prompts drawn from the run's seed; or a .jsonl file,
+      one {"observations": [...], "actions": [...]} per line (an action answers the
+      observation before it).
+    """
+
+    source: str = "env"
+    examples: PositiveInt = 4096  # "env": distinct demonstrations, visited in a new order each epoch
+    steps: PositiveInt = 100  # optimizer updates
+    batch: PositiveInt = 32  # demonstrations an update
+    rows: PositiveInt | None = None  # rows they are packed into (learner.buckets' lengths); None: one each
+    optimizer: OptimizerConfig = OptimizerConfig(lr=1e-3)
+    checkpoint_every: PositiveInt = 25  # updates between checkpoints (and at the last)
 
 
 class DataConfig(Frozen):

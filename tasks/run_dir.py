@@ -2,6 +2,9 @@
 
   spec.yaml                the run's spec, as it last ran
   checkpoints/{N}/         version N's checkpoint (`tasks.runtime.state.checkpoints`)
+  warmup/checkpoints/{K}/  the warm-up's checkpoint after K updates; the last is version 0 (`tasks.warmup`)
+  warmup/metrics.jsonl     one record per warm-up update: its loss and the demonstrations it read
+  warmup/finished          the warm-up's last update, once its checkpoint (version 0) is committed
   metrics.jsonl            one record per step, and the eval series (`tasks.records.metrics_log`)
   accounting.json          every prompt drawn, where it is now (`tasks.buffer.ledger`)
   episodes/v{N}.jsonl      a few episodes of training per version (`tasks.records.episodes`)
@@ -33,6 +36,28 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def warmup(self) -> Path:
+        return self.path / "warmup"
+
+    @property
+    def warmup_checkpoints(self) -> Path:
+        return self.warmup / "checkpoints"
+
+    @property
+    def warmup_metrics(self) -> Path:
+        return self.warmup / "metrics.jsonl"
+
+    @property
+    def warmup_finished(self) -> Path:
+        return self.warmup / "finished"
+
+    def warmed_up(self) -> Path | None:
+        """The finished warm-up's last checkpoint (the run's version 0), or None."""
+        if not self.warmup_finished.is_file():
+            return None
+        return self.warmup_checkpoints / self.warmup_finished.read_text().strip()
 
     @property
     def metrics(self) -> Path:

@@ -52,7 +52,7 @@ class PromptSource:
         self._again: collections.deque[Prompt] = collections.deque()
         if config.source == "env":
             env = env_class(**env_kwargs)
-            self._text = lambda i: _draw_outside(env, f"{seed}:{i}", held_out)
+            self._text = lambda i: draw_outside(env, f"{seed}:{i}", held_out)
         else:
             lines = [line for line in read_jsonl(Path(config.source)) if line not in held_out]
             if not lines:
@@ -85,7 +85,7 @@ class PromptSource:
 MAX_REDRAWS = 1000  # draws of one prompt id that may all be held out before giving up
 
 
-def _draw_outside(env, seed: str, held_out: frozenset[str]) -> str:
+def draw_outside(env, seed: str, held_out: frozenset[str]) -> str:
     """The environment's task for `seed`, drawn again (seeds `seed:r`) while it is held out."""
     text = env.task(random.Random(seed))
     for r in range(1, MAX_REDRAWS + 1):
@@ -107,7 +107,7 @@ def read_jsonl(path: Path, field: str = "data.source") -> list[str]:
     Raises ValueError naming `field`, the file and, for a bad line, its number.
     """
     prompts = []
-    for n, line in _lines(path, field):
+    for n, line in data_lines(path, field):
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -127,7 +127,7 @@ def read_jsonl(path: Path, field: str = "data.source") -> list[str]:
     return prompts
 
 
-def _lines(path: Path, field: str) -> Iterator[tuple[int, bytes]]:
+def data_lines(path: Path, field: str) -> Iterator[tuple[int, bytes]]:
     """The file's lines (split on "\\n" only), numbered from 1, read one at a time."""
     try:
         file = open_regular(path, MAX_DATA_BYTES, "a data file")

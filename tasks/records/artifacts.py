@@ -62,6 +62,29 @@ def record_version(*, run_name: str, spec_path: Path, checkpoint: Path, parent: 
     record_versions_table(run_name=run_name, rows=rows, key=key)
 
 
+def demonstrations_key(source: str, entrypoint: str, seed: int) -> str:
+    """The asset key of a warm-up's demonstrations: the file's, or the environment expert's."""
+    if source != "env":
+        return asset_key(Path(source))
+    return f"tandem://demonstrations/{re.sub(r'[^A-Za-z0-9._-]+', '-', entrypoint)}/seed-{seed}"
+
+
+def record_warmup(*, run_name: str, spec_path: Path, data_key: str, checkpoint: Path, metrics: dict) -> None:
+    """Materializes the warm-up's last checkpoint (deps: the spec and the demonstrations):
+    the asset upstream of the run's first RL version, whose weights it starts from."""
+    asset = Asset(key=asset_key(checkpoint),
+                  properties=AssetProperties(name=f"{run_name} v0 (warm-up)",
+                                             description=f"warm-up, update {metrics['step']}"))
+
+    @materialize(asset, asset_deps=[asset_key(spec_path), data_key], cache_policy=NO_CACHE,
+                 task_run_name="version-0-warm-up", persist_result=False)
+    def warmup_version() -> None:
+        asset.add_metadata({"path": str(checkpoint), "spec": str(spec_path), "demonstrations": data_key,
+                            **{k: metrics[k] for k in ("step", "nll", "demonstrations") if k in metrics}})
+
+    warmup_version()
+
+
 def record_versions_table(*, run_name: str, rows: list[dict], key: str) -> None:
     """The run's `<key>-versions` table (a row per version: its parent, step, checkpoint,
     time and eval scores) and `<key>-lineage` diagram, of `rows` (`VersionTable.rows`)."""

@@ -11,6 +11,7 @@ import math
 
 EVAL_COLUMNS = ("success_rate", "reward_mean", "length_mean", "prompts", "episodes")
 # A version's columns, in the order the table shows them; then its eval scores.
+WARMUP_PARENT = "warm-up"  # the parent of a run's first version when a warm-up made its weights (version 0)
 VERSION_COLUMNS = ("version", "step", "parent", "checkpoint", "time", "reward_mean")
 LINEAGE_VERSIONS = 30  # versions drawn in the lineage diagram: the latest, past an ellipsis
 
@@ -84,8 +85,11 @@ def lineage_markdown(run_name: str, rows: list[dict], table_key: str, shown: int
     drawn, hidden = rows[-shown:], rows[:-shown]
     lines = ["flowchart TD", '  spec["spec.yaml"]']
     previous = "spec"
+    if rows and rows[0].get("parent") == WARMUP_PARENT:  # data -> warm-up -> v0 -> v1 ...
+        lines += ['  data[("demonstrations")] --> v0', '  spec --> v0["v0 · warm-up"]']
+        previous = "v0"
     if hidden:
-        lines.append(f'  spec --> earlier["… {len(hidden)} earlier versions (v{hidden[0]["version"]} to '
+        lines.append(f'  {previous} --> earlier["… {len(hidden)} earlier versions (v{hidden[0]["version"]} to '
                      f'v{hidden[-1]["version"]})"]')
         previous = "earlier"
     for row in drawn:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from tasks.actors.envs.calculator import Calculator
 from tasks.actors.envs.code_exec import CodeExec
 from tasks.actors.envs.guess_number import GuessNumber
+from tasks.actors.envs.word_problems import WordProblems
 from tasks.entrypoints import load
 
 
@@ -28,7 +29,8 @@ class Env(Protocol):
     def step(self, action: str) -> Any: ...
 
 
-BUILTIN: dict[str, type] = {"guess-number": GuessNumber, "calculator": Calculator, "code-exec": CodeExec}
+BUILTIN: dict[str, type] = {"guess-number": GuessNumber, "calculator": Calculator, "code-exec": CodeExec,
+                            "word-problems": WordProblems}
 
 
 def resolve_entrypoint(entrypoint: str) -> type:

@@ -58,6 +58,11 @@ class Calculator:
         self._steps, self._called = 0, False
         return prompt
 
+    def demonstration(self, prompt: str) -> list[str]:
+        """The expert's actions (a warm-up's demonstrations): call the tool, answer its result."""
+        a, op, b = prompt
+        return [TOOL_CALL, str(OPS[op](int(a), int(b)))]
+
     def step(self, action: str) -> tuple[str, float, bool, dict]:
         self._steps += 1
         first = action[:1]

@@ -83,12 +83,12 @@ def permanent(error: BaseException) -> bool:
     return False
 
 
-def _retriable(task, task_run, state) -> bool:
+def retriable(task, task_run, state) -> bool:
     """Prefect's retry condition: not after Ctrl-C, nor for an `Unrecoverable` failure."""
     return not (isinstance(state.result(raise_on_failure=False), Unrecoverable) or INTERRUPT.is_set())
 
 
-@task(name="learner", retries=2, retry_delay_seconds=2, retry_condition_fn=_retriable, cache_policy=NO_CACHE,
+@task(name="learner", retries=2, retry_delay_seconds=2, retry_condition_fn=retriable, cache_policy=NO_CACHE,
       persist_result=False)
 def learn(spec: RunSpec, scheduler_address: str) -> dict:
     """Trains to `learner.steps`, resuming from the run directory's latest checkpoint."""
@@ -97,7 +97,7 @@ def learn(spec: RunSpec, scheduler_address: str) -> dict:
     with _placed(spec, scheduler_address, channels) as (processes, events, stop):
         records = TaskRecords(spec, scheduler_address, log)
         # Ctrl-C and SIGTERM are for this process to pass on (`_relay`); a SIGTERM sent to
-        # a learner process while it starts waits for its handler (`_take_signals`).
+        # a learner process while it starts waits for its handler (`take_signals`).
         with blocking(signal.SIGINT, signal.SIGTERM):
             processes.start()
         events.started()
@@ -286,8 +286,8 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
     """Process 0 of the learner: runs the session; `environ` joins it to the other processes."""
     run_dir = spec.run_dir.resolve()
     pid_file = RunDir(run_dir).pid()
-    sigterm = _take_signals(at_once, leader=True)
-    _end_with_parent(at_once, pid_file)
+    sigterm = take_signals(at_once, leader=True)
+    end_with_parent(at_once, pid_file)
     # One learner per run directory: a second one (a run started twice) would interleave
     # checkpoints and metrics. The kernel drops the lock when this process dies.
     lock = RunDir(run_dir).lock.open("w")
@@ -317,7 +317,7 @@ def _learner_main(spec: RunSpec, scheduler_address: str, channels: Channels, env
         with RunDir(run_dir).log.open("a") as f:
             f.write(f"learner process {os.getpid()} failed:\n{traceback.format_exc()}")
         failed = True
-    except BaseException as e:  # stopped at once: SystemExit from `_take_signals`
+    except BaseException as e:  # stopped at once: SystemExit from `take_signals`
         events.put(("error", (f"{type(e).__name__}: {e}", permanent(e))))
         raise
     finally:
@@ -340,8 +340,8 @@ def _unraisable_to(log_file: Path, unraisable) -> None:
 def _follower_main(spec: RunSpec, environ: dict[str, str], at_once: int = AT_ONCE) -> None:
     """Process i > 0 of a multi-host learner: takes the steps process 0 announces."""
     pid_file = RunDir(spec.run_dir.resolve()).pid(int(environ[PROCESS_ID_ENV]))
-    _take_signals(at_once, leader=False)
-    _end_with_parent(at_once, pid_file)
+    take_signals(at_once, leader=False)
+    end_with_parent(at_once, pid_file)
     pid_file.write_text(str(os.getpid()))
     try:
         multihost.initialize(spec.learner.hosts, environ)
@@ -351,7 +351,7 @@ def _follower_main(spec: RunSpec, environ: dict[str, str], at_once: int = AT_ONC
         pid_file.unlink(missing_ok=True)
 
 
-def _take_signals(at_once: int, leader: bool) -> Callable[[], bool]:
+def take_signals(at_once: int, leader: bool) -> Callable[[], bool]:
     """How a learner process takes signals; returns whether a SIGTERM asked it to stop.
 
     `at_once`, its task's (`_pass_on`), unwinds it: the session stops its actors and closes
@@ -368,7 +368,7 @@ def _take_signals(at_once: int, leader: bool) -> Callable[[], bool]:
     return asked.is_set
 
 
-def _end_with_parent(at_once: int, pid_file: Path) -> None:
+def end_with_parent(at_once: int, pid_file: Path) -> None:
     """Ends this local learner process once the process that started it has gone (`tandem
     run` killed with SIGKILL): the local cluster of its actors went with it (distributed's
     processes watch their parent the same way), no task is left to report to, and its lock

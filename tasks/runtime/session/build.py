@@ -22,7 +22,7 @@ from tasks.buffer.ledger import Ledger
 from tasks.buffer.prompts import PromptSource
 from tasks.buffer.reader import BufferReader
 from tasks.config import (ActorsConfig, BufferConfig, CheckpointConfig, DataConfig, EnvConfig, EpisodesConfig,
-                          EvalConfig, SyncConfig)
+                          EvalConfig, SyncConfig, WarmupConfig)
 from tasks.eval.prompts import held_out
 from tasks.records.episodes import EpisodeSample
 from tasks.records.loggers import ConsoleLog, Loggers, Progress, ProgressLog
@@ -39,6 +39,7 @@ from tasks.runtime.session.session import Session
 from tasks.runtime.session.no_signal import SignalWatch
 from tasks.runtime.session.stopping import Stop, StopReason, StopRule, StopTraining
 from tasks.runtime.session.weights import HttpTransport, WeightSource
+from tasks.warmup.stage import warmed_params
 
 
 class RunSpec(Protocol):
@@ -56,6 +57,7 @@ class RunSpec(Protocol):
     checkpoint: CheckpointConfig
     eval: EvalConfig
     episodes: EpisodesConfig
+    warmup: WarmupConfig | None
 
     @property
     def run_dir(self) -> Path: ...
@@ -84,12 +86,14 @@ def intake_rules(spec: RunSpec, log, ledger: Ledger | None = None,
 
 
 def _train_state(spec: RunSpec, run_state: RunState, mesh, log) -> tuple[Any, int, int]:
-    """(state, step, version): the latest checkpoint's, or a new run's."""
+    """(state, step, version): the latest checkpoint's, or a new run's (its weights the
+    warm-up's, if the spec has one: `tasks.warmup`)."""
     restored = run_state.restore(abstract_train_state(spec.model, spec.learner, mesh))
     if spec.learner.hosts > 1:  # the other processes restore the same version (`tasks.runtime.session.lockstep`)
         announce(RESTORED, -1 if restored is None else restored.version)
     if restored is None:
-        return init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh), 0, 0
+        params = warmed_params(spec, mesh) if spec.warmup else None
+        return init_train_state(spec.model, spec.learner, seed=spec.seed, mesh=mesh, params=params), 0, 0
     log.info(f"resumed from {restored.path}: step {restored.step}, version {restored.version}")
     return restored.state, restored.step, restored.version
 
@@ -131,8 +135,9 @@ def build_session(spec: RunSpec, client: Client, channels: Channels, log, report
     rules = intake_rules(spec, log.warning, ledger, observers=(watch.excluded, signal.excluded))
     several = spec.learner.hosts > 1  # this is process 0, which the others follow (`lockstep`)
     checkpoints = (LeadCheckpoints if several else Checkpoints)(RunDir(run_dir).checkpoints, spec.checkpoint.keep)
-    run_state = RunState(checkpoints, rules, reporter,
-                         run_name=spec.name, seed=spec.seed, run_dir=run_dir, warn=log.warning)
+    origin = RunDir(run_dir).warmed_up() if spec.warmup else None
+    run_state = RunState(checkpoints, rules, reporter, run_name=spec.name, seed=spec.seed, run_dir=run_dir,
+                         warn=log.warning, origin=origin)
     mesh = make_mesh(spec.learner.mesh)
     state, step, version = _train_state(spec, run_state, mesh, log)
     learner = (LeadLearner if several else Learner)(TrainStep(spec.model, spec.learner, mesh), state, spec.learner)

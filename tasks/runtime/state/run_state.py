@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 
 from tasks.buffer.intake import IntakeRules
 from tasks.records.atomic import write_json_atomic
+from tasks.records.versions import WARMUP_PARENT
 from tasks.runtime.state.checkpoints import Checkpoints
 from tasks.runtime.session.failures import CheckpointMismatch
 from tasks.run_dir import RunDir
@@ -51,8 +52,10 @@ class RunState:
     """Saves and restores a run: the train state with the intake's snapshot and the versions table."""
 
     def __init__(self, checkpoints: Checkpoints, rules: IntakeRules, recorder: VersionRecorder, *,
-                 run_name: str, seed: int, run_dir: Path, warn: Callable[[str], None]):
+                 run_name: str, seed: int, run_dir: Path, warn: Callable[[str], None], origin: Path | None = None):
+        """`origin`: the checkpoint the first version was trained from (a warm-up's), if any."""
         self.checkpoints, self.rules, self.recorder, self.warn = checkpoints, rules, recorder, warn
+        self.origin = origin
         self.run_name, self.seed, self.run_dir = run_name, seed, run_dir
         self.rows: list[dict] = []  # one per version checkpointed: `model-versions`, in each record
         self._uncommitted: dict | None = None  # the record of a checkpoint still being written
@@ -101,15 +104,17 @@ class RunState:
         """Starts writing version `version`'s checkpoint; records the previous one, now committed."""
         self.commit()
         parent = self.checkpoints.latest_version()  # the last version checkpointed
+        first_parent = WARMUP_PARENT if self.origin is not None else None
         self.rows.append({"version": version, "step": step, "checkpoint": str(self.checkpoints.path(version)),
-                          "parent": parent, "reward_mean": reward_mean, "time": time.time()})
+                          "parent": parent if parent is not None else first_parent, "reward_mean": reward_mean,
+                          "time": time.time()})
         record = {"step": step, "version": version, "seed": self.seed, **self.rules.snapshot(),
                   "versions": self.rows}
         path = self.checkpoints.save(version, state, record)
         self.write_accounting()
         self._uncommitted = dict(
             run_name=self.run_name, spec_path=RunDir(self.run_dir).spec, checkpoint=path,
-            parent=self.checkpoints.path(parent) if parent is not None else None,
+            parent=self.checkpoints.path(parent) if parent is not None else self.origin,
             version=version, step=step, metrics={"reward_mean": reward_mean}, row=self.rows[-1])
 
     def commit(self) -> None:

@@ -90,10 +90,10 @@ def test_a_stop_before_the_learner_s_first_step_is_at_once():
 def _learner(queue, pid_file, ignores_at_once: bool) -> None:
     """A local learner process as `tasks.runtime.processes.task` sets one up, training forever."""
     from tasks.runtime.processes.hosts import AT_ONCE
-    from tasks.runtime.processes.task import _end_with_parent, _take_signals
+    from tasks.runtime.processes.task import end_with_parent, take_signals
 
-    sigterm = _take_signals(AT_ONCE, leader=True)
-    _end_with_parent(AT_ONCE, pid_file)
+    sigterm = take_signals(AT_ONCE, leader=True)
+    end_with_parent(AT_ONCE, pid_file)
     if ignores_at_once:  # one that does not unwind (in a long compile, say)
         signal.signal(AT_ONCE, signal.SIG_IGN)
     pid_file.write_text(str(os.getpid()))

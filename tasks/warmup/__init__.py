@@ -1,0 +1,2 @@
+"""The warm-up: supervised fine-tuning on demonstrations before RL, in a task of its own
+whose last checkpoint is the run's version 0."""
