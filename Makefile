@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-test demo test tunix-venv
+.PHONY: setup setup-test demo test tunix-venv word-problems
 setup: $(VENV)/.installed  # Tandem and what it needs to run: all the demo needs
 setup-test: $(VENV)/.installed-test  # and the test extras (pytest, CPU torch, transformers)
 
@@ -36,6 +36,13 @@ $(TUNIX_VENV)/.installed:
 # shell's $? is 130. Where tandem alone is signalled, make says "Error 143" and exits 2.
 demo: setup
 	$(VENV)/bin/tandem run specs/guess-number.yaml --fresh
+
+# The LLM-shaped agent of specs/word-problems.yaml: its model made here first (random
+# weights of qwen2's 25M shape, a BPE tokenizer trained on generated text: ~2 minutes).
+models/qwen2-25m: | setup
+	$(VENV)/bin/tandem new-model qwen2-25m $@
+word-problems: setup models/qwen2-25m
+	$(VENV)/bin/tandem run specs/word-problems.yaml
 
 # One line per test file, a dot per test as it passes; the slowest 15 at the end.
 test: setup-test

@@ -22,14 +22,22 @@ def transcript(record: dict) -> str:
     outcome = "success" if record.get("success") else "failed"
     head = (f"v{record['version']} · prompt {record['prompt_id']} (attempt {record['attempt']}) · "
             f"episode {record['episode']} · reward {record['reward']:.2f} · {outcome}")
-    lines = [head, f"  prompt: {record['prompt']!r}"]
+    lines = [head, f"  prompt: {_shown(record['prompt'])}"]
     for turn in record["turns"]:
-        lines.append(f"  env:    {turn['observation']!r}")
+        lines.append(f"  env:    {_shown(turn['observation'])}")
         versions = ", ".join(f"v{v}" for v in turn["versions"])
-        lines.append(f"  agent:  {turn['action']!r}" + (f"   ({versions})" if versions else ""))
+        lines.append(f"  agent:  {_shown(turn['action'])}" + (f"   ({versions})" if versions else ""))
     if record.get("excluded"):
         lines.append(f"  excluded: {record['excluded']}" + (f" ({record['detail']})" if record.get("detail") else ""))
     return "\n".join(lines)
+
+
+def _shown(text: str) -> str:
+    """A line of text as Python writes it (an empty action, a space, are visible); text of
+    several lines (an LLM's conversation) as it reads, each line under the first."""
+    if "\n" not in text.strip("\n"):
+        return repr(text)
+    return "\n          ".join(text.strip("\n").splitlines())
 
 
 def show_command(run_dir: Path, *, version: int | None, failed: bool, evals: bool, limit: int) -> int:

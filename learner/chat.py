@@ -42,6 +42,9 @@ class ChatTokenizer(Protocol):
     def observation(self, text: str, *, first: bool) -> list[int]:
         """Ids of an observation turn, ending where the policy's next action begins."""
 
+    def observation_text(self, ids: Sequence[int]) -> str:
+        """The text of an observation turn's ids, without its framing: what the environment wrote."""
+
 
 class CharChat:
     """The char tokenizer: episodes start with bos, observations are bare, eos ends an action."""
@@ -63,6 +66,9 @@ class CharChat:
 
     def observation(self, text: str, *, first: bool) -> list[int]:
         return self.encode(text)
+
+    def observation_text(self, ids: Sequence[int]) -> str:
+        return self.decode(ids)
 
 
 class HFChat:
@@ -102,6 +108,21 @@ class HFChat:
             return self.encode(text)
         first_prefix, later_prefix, suffix = self._framing
         return self.encode((first_prefix if first else later_prefix) + text + suffix)
+
+    def observation_text(self, ids: Sequence[int]) -> str:
+        text = self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+        if self._framing is None:
+            return text.removeprefix(self._bos or "")
+        # The framing as this tokenizer decodes it: byte-level BPE gives back the very text
+        # encoded; one that joins tokens with spaces (word-level) adds some, trimmed here.
+        decoded = [self._tokenizer.decode(self.encode(part), skip_special_tokens=False) for part in self._framing]
+        first_prefix, later_prefix, suffix = decoded
+        for prefix in (first_prefix, later_prefix):
+            if prefix and text.startswith(prefix):
+                text = text[len(prefix):]
+                break
+        text = text.removesuffix(suffix)
+        return text if decoded == list(self._framing) else text.strip()
 
     def _frame(self, template: str) -> tuple[str, str, str]:
         """(text before the first observation, before a later one, after any one).

@@ -50,6 +50,19 @@ def dask_cluster():
         yield cluster.scheduler_address
 
 
+@pytest.fixture(scope="session")
+def shipped_models():
+    """The model directories shipped specs name (`models/qwen2-25m`, which `make word-problems`
+    makes), made here once if absent, as a user makes them: `tandem new-model` (~70 s)."""
+    import yaml
+
+    for spec in (ROOT / "specs").glob("*.yaml"):
+        init = (yaml.safe_load(spec.read_text()).get("model") or {}).get("init", "random")
+        if init.startswith("models/") and not (ROOT / init / "config.json").is_file():
+            made = tandem("new-model", Path(init).name, init)
+            assert made.returncode == 0, made.stdout + made.stderr
+
+
 def tandem(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
     """Runs the installed `tandem` console script."""
     command = [str(Path(sys.executable).parent / "tandem"), *args]

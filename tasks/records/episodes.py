@@ -27,11 +27,11 @@ def turns(sample: Sample, tokenizer: ChatTokenizer) -> list[dict]:
     runs = np.split(np.arange(len(sample.tokens)), edges)
     out = []
     for run in runs:
-        text = tokenizer.decode(sample.tokens[run].tolist())
+        ids = sample.tokens[run].tolist()
         if not generated[run[0]]:
-            out.append({"observation": text, "action": "", "versions": []})
+            out.append({"observation": tokenizer.observation_text(ids), "action": "", "versions": []})
         else:
-            out[-1] |= {"action": text, "versions": sorted(set(sample.versions[run].tolist()))}
+            out[-1] |= {"action": tokenizer.decode(ids), "versions": sorted(set(sample.versions[run].tolist()))}
     return out
 
 

@@ -27,7 +27,7 @@ def prefect_yaml() -> dict:
     return yaml.safe_load((ROOT / "prefect.yaml").read_text())
 
 
-def test_every_spec_has_a_deployment_of_the_training_flow():
+def test_every_spec_has_a_deployment_of_the_training_flow(shipped_models):
     deployments = prefect_yaml()["deployments"]
     specs = {f"specs/{p.name}" for p in (ROOT / "specs").glob("*.yaml")}
     assert {d["parameters"]["spec"] for d in deployments} == specs

@@ -30,7 +30,7 @@ learner:
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
-def test_every_shipped_spec_validates(path):
+def test_every_shipped_spec_validates(path, shipped_models):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RenamedField)  # written with every field's current name
         spec = load_spec(path)

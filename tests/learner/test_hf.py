@@ -94,6 +94,9 @@ def test_chat_turns_concatenate_to_the_rendered_conversation(tmp_path):
                     "<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n")
     assert episode == raw.encode(conversation, add_special_tokens=False).ids
     assert chat.decode(action + chat.encode("c")) == "a b"
+    # `tandem show`: each observation as the environment wrote it, its framing taken off.
+    assert chat.observation_text(chat.start() + chat.observation("hello", first=True)) == "hello"
+    assert chat.observation_text(chat.observation("c", first=False)) == "c"
 
 
 def test_without_a_template_observations_are_bare(tmp_path):
