@@ -1,8 +1,12 @@
 """End to end: a warm-up, then RL from its weights, then `tandem eval` of version 0 (the
 warm-up alone) beside the versions after it; and a run stopped in its warm-up (Ctrl-C),
-resumed (real Prefect server, real Dask cluster, the `tandem` CLI)."""
+resumed; and one killed in its warm-up, then in RL (real Prefect server, real Dask cluster,
+the `tandem` CLI)."""
 
 import json
+import os
+import signal
+import subprocess
 import time
 
 import pytest
@@ -11,7 +15,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from tasks.buffer.ledger import balanced
 from tasks.run_dir import RunDir
-from tests.conftest import tandem
+from tests.conftest import ROOT, tandem
 from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, Terminal
 
 pytestmark = pytest.mark.e2e
@@ -81,3 +85,37 @@ def test_a_run_stopped_in_its_warm_up_resumes_it_and_reads_each_demonstration_on
     assert [r["step"] for r in rows] == list(range(1, 401))
     assert [r["cursor"] for r in rows] == [[32 * k, 32 * (k + 1)] for k in range(400)]
     assert RunDir(run_dir).warmed_up() == RunDir(run_dir).warmup_checkpoints / "400"
+
+
+def _killed_when(command: list[str], ready, deadline_s: float = 240) -> None:
+    """Runs `command` in a session of its own and SIGKILLs all of it once `ready()`."""
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.monotonic() + deadline_s
+    while not ready():
+        assert process.poll() is None and time.monotonic() < deadline, "ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)  # the CLI, the warm-up or learner process, the Dask cluster
+    process.wait()
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_its_warm_up_and_then_in_rl_loses_nothing_and_trains_nothing_twice(prefect_api, tmp_path):
+    run_dir = tmp_path / "run"
+    warm = WARMUP.replace("steps: 24", "steps: 60")
+    command = [TANDEM, "run", "specs/calculator.yaml", *TINY, "--set", warm, "--set", "learner.steps=40",
+               "--set", f"checkpoint.dir={run_dir}"]
+    checkpoints = RunDir(run_dir).warmup_checkpoints
+    _killed_when(command, lambda: checkpoints.is_dir() and any(p.name == "16" for p in checkpoints.iterdir()))
+    _killed_when([TANDEM, "resume", str(run_dir)], lambda: (run_dir / "checkpoints" / "3").exists())
+    result = tandem("resume", str(run_dir))
+    assert result.returncode in (0, 3), result.stdout[-3000:] + result.stderr[-3000:]
+
+    rows = warmup_records(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 61))
+    assert [r["cursor"] for r in rows] == [[32 * k, 32 * (k + 1)] for k in range(60)]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m["step"] for m in metrics if "eval" not in m]
+    assert steps == list(range(1, steps[-1] + 1))  # replaced after the kill, not duplicated
+    accounting = json.loads((run_dir / "accounting.json").read_text())
+    assert balanced(accounting) and accounting["consumed"] == steps[-1] * 4

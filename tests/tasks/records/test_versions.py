@@ -1,7 +1,7 @@
 """How the versions table and the lineage show in the open-source Prefect UI (pure: no server)."""
 
 from tasks.records.artifacts import run_key
-from tasks.records.versions import VersionTable, lineage_markdown, readable_rows, significant
+from tasks.records.versions import WARMUP_PARENT, VersionTable, lineage_markdown, readable_rows, significant
 
 CHECKPOINTED = [{"version": 40, "step": 40, "checkpoint": "/runs/g/checkpoints/40", "parent": 20,
                  "reward_mean": 0.8124999999999999, "time": 1767225600.0},
@@ -65,3 +65,16 @@ def test_a_runs_artifact_key_carries_its_name_as_prefect_allows_it():
     assert run_key("Guess_Number v2", "amber-otter") == "guess-number-v2-amber-otter"
     assert run_key("guess-number", None) == "guess-number"
     assert run_key("ÜBER!", None) == "ber" and run_key("__", None) == "tandem"
+
+
+def test_a_warmed_up_run_draws_demonstrations_and_the_warm_up_as_version_0_upstream():
+    rows = [{"version": 1, "step": 1, "checkpoint": "c/1", "parent": WARMUP_PARENT},
+            {"version": 2, "step": 2, "checkpoint": "c/2", "parent": 1}]
+    diagram = lineage_markdown("w", rows, "w-versions").split("```mermaid\n")[1].split("\n```")[0]
+    assert diagram.splitlines() == [
+        "flowchart TD",
+        '  spec["spec.yaml"]',
+        '  data[("demonstrations")] --> v0',
+        '  spec --> v0["v0 · warm-up"]',
+        '  v0 --> v1["v1 · step 1"]',
+        '  v1 --> v2["v2 · step 2"]']
