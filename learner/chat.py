@@ -89,6 +89,10 @@ class HFChat:
         self._bos = _token_text(settings.get("bos_token"))
         template = _chat_template(path, settings)
         self._framing = self._frame(template) if template else None
+        # The framing as this tokenizer decodes it (`observation_text`): byte-level BPE gives
+        # back the very text encoded; one that joins tokens with spaces (word-level) adds some.
+        self._decoded_framing = None if self._framing is None else tuple(
+            self._tokenizer.decode(self.encode(part), skip_special_tokens=False) for part in self._framing)
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
@@ -113,16 +117,13 @@ class HFChat:
         text = self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
         if self._framing is None:
             return text.removeprefix(self._bos or "")
-        # The framing as this tokenizer decodes it: byte-level BPE gives back the very text
-        # encoded; one that joins tokens with spaces (word-level) adds some, trimmed here.
-        decoded = [self._tokenizer.decode(self.encode(part), skip_special_tokens=False) for part in self._framing]
-        first_prefix, later_prefix, suffix = decoded
+        first_prefix, later_prefix, suffix = self._decoded_framing
         for prefix in (first_prefix, later_prefix):
             if prefix and text.startswith(prefix):
                 text = text[len(prefix):]
                 break
         text = text.removesuffix(suffix)
-        return text if decoded == list(self._framing) else text.strip()
+        return text if self._decoded_framing == self._framing else text.strip()  # word-level: spaces trimmed
 
     def _frame(self, template: str) -> tuple[str, str, str]:
         """(text before the first observation, before a later one, after any one).

@@ -162,8 +162,9 @@ class LossConfig(Frozen):
     def _cap_has_a_weight_to_cap(self) -> "LossConfig":
         if self.is_cap is not None and self.objective in ("ppo", "supervised"):
             raise FieldError(
-                "is_cap", "objective 'ppo' has no importance weight to truncate (its clip is "
-                "around the behaviour policy); use 'tis' or 'decoupled-ppo'"
+                "is_cap", f"objective {self.objective!r} has no importance weight to truncate"
+                + (" (its clip is around the behaviour policy)" if self.objective == "ppo" else "")
+                + "; use 'tis' or 'decoupled-ppo'"
             )
         return self
 

@@ -122,13 +122,12 @@ def _device_loss(params, reference, batch, *, forward: Forward, loss_config: Los
     """This device's share of the loss on its rows, and metrics over all rows."""
     logits = forward(params, batch["tokens"], batch["positions"], batch["segment_ids"])
     logprobs = losses.token_logprobs(logits, batch["targets"])
+    if loss_config.objective == "supervised":
+        return losses.supervised_loss(logprobs, batch["loss_mask"], batch["segment_ids"], loss_config.aggregation,
+                                      axis_name=sharding.BATCH_AXES)
     # Without recomputed proximal log-probs this update is the batch's first, so the
     # weights now are the proximal policy's (the weights at the start of the step).
     proximal = batch.get("proximal_logprobs", jax.lax.stop_gradient(logprobs))
-    if loss_config.objective == "supervised":
-        loss, metrics = losses.supervised_loss(logprobs, batch["loss_mask"], batch["segment_ids"],
-                                               loss_config.aggregation, axis_name=sharding.BATCH_AXES)
-        return loss, metrics
     reference_logprobs = None
     if reference is not None:
         reference_logprobs = jax.lax.stop_gradient(_sequence_logprobs(forward, reference, batch))
