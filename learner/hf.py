@@ -112,11 +112,14 @@ def save_params(params: Params, config: ModelConfig, out: str | pathlib.Path) ->
 
 
 def save_new_model(shape: Shape, out: str | pathlib.Path, *, tokenizer: str | pathlib.Path,
-                   seed: int = 0, max_len: int = 4_096) -> pathlib.Path:
+                   seed: int = 0, max_len: int = 4_096, copy_steps: int = 0, log=print) -> dict:
     """Writes a randomly initialised model of `shape` as a Hugging Face directory: config.json,
     generation_config.json, model.safetensors (float32) and the tokenizer files found in the
     directory `tokenizer` (`learner.bpe.train` writes them), whose end-of-turn token (its
-    tokenizer_config.json's eos_token) ends generation.
+    tokenizer_config.json's eos_token) ends generation. With `copy_steps`, the weights are
+    first copy-pretrained (`learner.copying`) on the tokenizer's ordinary ids. Returns
+    {"steps", "nll", "copied": the share of held-out copies right} after copy pretraining,
+    also written to copying.json (which a directory of random weights has not), else {}.
 
     Raises:
       ValueError: no tokenizer files in `tokenizer`, or more ids than the shape's embedding rows.
@@ -145,8 +148,20 @@ def save_new_model(shape: Shape, out: str | pathlib.Path, *, tokenizer: str | pa
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": stops, "bos_token_id": None}, indent=2))
     config = ModelConfig(**shape.model_fields(), max_len=max_len)
     params = jax.jit(init_params, static_argnums=0)(config, seed)
+    copying = {}
+    if copy_steps:
+        from learner.copying import copy_pretrain
+
+        special = {token.content for token in vocab.get_added_tokens_decoder().values()}
+        ids = np.array(sorted(i for t, i in vocab.get_vocab().items() if t not in special))
+        params, copying = copy_pretrain(params, config, ids=ids, bos=stops[0], steps=copy_steps, seed=seed,
+                                        log=log)
+        copying = {"steps": copy_steps, **copying}
+    (out / "copying.json").unlink(missing_ok=True)  # says how the weights were made: not so any more
     save_file(_hf_weights(params, config), str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
+    if copying:
+        (out / "copying.json").write_text(json.dumps(copying, indent=2))
+    return copying
 
 
 def _hf_weights(params: Params, config: ModelConfig) -> dict[str, np.ndarray]:

@@ -1,6 +1,7 @@
 """`tandem validate | run | resume` on specs that cannot run: exit 2, each problem with its
 field path and line, before anything starts."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -144,5 +145,11 @@ def test_new_model_writes_a_checkpoint_a_spec_loads(tmp_path, capsys):
     config = ModelConfig(init=str(tmp_path / "m"), max_len=256)
     assert (config.d_model, config.n_layers, config.vocab_size, config.tie_embeddings) == (256, 8, 32_768, False)
     assert config.tokenizer.kind == "hf"
+    assert not (tmp_path / "m" / "copying.json").exists()  # random weights, as made
+    assert main(["new-model", "llama-25m", str(tmp_path / "m"), "--tokenizer", str(tmp_path / "m"),
+                 "--max-len", "512", "--copy-steps", "2"]) == 0  # copy-pretrained in place, its tokenizer kept
+    copying = json.loads((tmp_path / "m" / "copying.json").read_text())
+    assert copying["steps"] == 2 and 0 <= copying["copied"] <= 1 and copying["nll"] > 0
+    assert "copy pretraining: 2 updates; held-out copies right" in capsys.readouterr().out
     assert main(["new-model", "llama-25m", str(tmp_path / "n"), "--tokenizer", str(tmp_path / "missing")]) == 1
     assert "missing" in capsys.readouterr().err

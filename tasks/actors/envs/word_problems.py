@@ -8,11 +8,17 @@ of two operations, such as (a + b) * c, drawn for a share `two_step` of the task
 and objects vary. The first observation is the problem followed by the format (FORMAT).
 The agent writes free text; each action is read for its tags:
 
-    "<calc>37+48</calc>"   the tool: integers, + - * and parentheses, at most 64
-                           characters; the observation is "<result>85</result>"
-    "<answer>85</answer>"  the final answer: the episode ends (observation "")
+    "<calc> 37 + 48</calc>"  the tool: integers, + - * and parentheses, at most 64
+                             characters; the observation is "<result> 85</result>"
+    "<answer> 85</answer>"   the final answer: the episode ends (observation "")
     anything else          "<error>what was wrong</error>", e.g. "no <calc> or <answer>
                            tag", "bad expression '3+': expected a number at 2"
+
+Spaces inside the tags are free. The environment writes a number as a word, after a space
+(the result, and the expert's calls and answers), because a byte-level BPE gives " 37" and
+"37" different ids: written so, the number the problem states, the one the tool call needs
+and the one the answer repeats are the same token, and following the expert is copying
+tokens, not learning which of two ids means the same number.
 
 Text around the tag is allowed; the first tag of its kind counts, and an action with both
 kinds is an error. Every action costs a turn: after `max_turns` without an answer the
@@ -103,6 +109,12 @@ def _regex(text: str) -> re.Pattern:
 
 
 REGEXES = tuple(_regex(template.text) for template in TEMPLATES)  # a prompt fully matches its own
+
+
+def _spaced(expr: str) -> str:
+    """An expression with a space before each number, operator and parenthesis: "(12+45)*33" ->
+    " ( 12 + 45 ) * 33", every number written as it is in the problem's text."""
+    return "".join(" " + part for part in re.findall(r"\d+|\S", expr))
 
 
 def _render(template: Template, fields: dict) -> str:
@@ -217,7 +229,7 @@ class WordProblems:
     def demonstration(self, prompt: str) -> list[str]:
         """An expert's actions for this prompt: one tool call, then its result as the answer."""
         expr, answer = self._solve(prompt)
-        return [f"<calc>{expr}</calc>", f"<answer>{answer}</answer>"]
+        return [f"<calc>{_spaced(expr)}</calc>", f"<answer> {answer}</answer>"]
 
     def step(self, action: str) -> tuple[str, float, bool, dict]:
         self._turns += 1
@@ -247,7 +259,7 @@ class WordProblems:
         if len(str(abs(value))) > MAX_DIGITS:
             return self._error(f"bad expression {content!r}: its value has more than {MAX_DIGITS} digits",
                                out_of_turns)
-        return f"<result>{value}</result>", 0.0, out_of_turns, {"success": False}
+        return f"<result> {value}</result>", 0.0, out_of_turns, {"success": False}
 
     @staticmethod
     def _error(message: str, done: bool) -> tuple[str, float, bool, dict]:

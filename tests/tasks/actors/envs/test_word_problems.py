@@ -30,7 +30,7 @@ def test_call_the_tool_then_answer_with_its_result():
     env = WordProblems()
     assert env.reset(PROBLEM) == PROBLEM + FORMAT
     assert FORMAT == "\nUse <calc>expression</calc> to compute, then reply <answer>number</answer>."
-    assert env.step("I will add them. <calc>37 + 48</calc>") == ("<result>85</result>", 0.0, False,
+    assert env.step("I will add them. <calc>37 + 48</calc>") == ("<result> 85</result>", 0.0, False,
                                                                   {"success": False})
     assert env.step("So she has <answer>85</answer> marbles.") == ("", 1.0, True, {"success": True})
 
@@ -68,7 +68,7 @@ def test_malformed_actions_are_named_errors_and_cost_a_turn(action, error):
 def test_the_first_tag_of_its_kind_counts():
     env = WordProblems()
     env.reset(PROBLEM)
-    assert env.step("<calc>2*3</calc> or <calc>5</calc>")[0] == "<result>6</result>"
+    assert env.step("<calc>2*3</calc> or <calc>5</calc>")[0] == "<result> 6</result>"
     assert env.step("<answer>85</answer><answer>1</answer>")[1:] == (1.0, True, {"success": True})
 
 
@@ -77,7 +77,7 @@ def test_max_turns_ends_the_episode():
     env.reset(PROBLEM)
     assert env.step("<calc>37+48</calc>")[2] is False
     assert env.step("hmm")[2] is False
-    assert env.step("<calc>37+48</calc>") == ("<result>85</result>", 0.0, True, {"success": False})
+    assert env.step("<calc>37+48</calc>") == ("<result> 85</result>", 0.0, True, {"success": False})
     env.reset(PROBLEM)  # reset starts the count again
     assert env.step("hmm")[2] is False
 
@@ -134,11 +134,22 @@ def test_reset_rederives_every_answer_from_the_prompt():
 
 def test_the_expert_wins():
     env, rng = WordProblems(two_step=0.5, max_turns=2), random.Random(2)
-    assert env.demonstration(PROBLEM) == ["<calc>37+48</calc>", "<answer>85</answer>"]
-    assert env.demonstration(TWO_STEP) == ["<calc>(12+30)*14</calc>", "<answer>588</answer>"]
+    assert env.demonstration(PROBLEM) == ["<calc> 37 + 48</calc>", "<answer> 85</answer>"]
+    assert env.demonstration(TWO_STEP) == ["<calc> ( 12 + 30 ) * 14</calc>", "<answer> 588</answer>"]
     for _ in range(500):
         prompt = env.task(rng)
         assert play(env, prompt, env.demonstration(prompt)) == ("", 1.0, True, {"success": True}), prompt
+
+
+def test_the_experts_numbers_are_the_problems_tokens():
+    """Each number the expert writes (and the tool's result) is one the BPE tokenizer reads as the
+    problem's own: " 37" after a space, as in the text, not "37"."""
+    env = WordProblems(two_step=0.5)
+    calc, answer = env.demonstration(TWO_STEP)
+    assert re.findall(r"(.)(\d+)", calc) == [(" ", "12"), (" ", "30"), (" ", "14")]
+    assert all(f" {number}" in TWO_STEP for number in ("12", "30", "14"))
+    env.reset(TWO_STEP)
+    assert env.step(calc)[0] == "<result> 588</result>" and answer == "<answer> 588</answer>"
 
 
 def test_distractors_and_two_step_problems_can_be_turned_off():
