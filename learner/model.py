@@ -30,7 +30,7 @@ from learner.config import ModelConfig
 
 Params = dict[str, Any]
 Remat = Literal["none", "block"]  # the values of `LearnerConfig.remat`
-Forward = Callable[[Params, jax.Array, jax.Array, jax.Array], jax.Array]
+Forward = Callable[..., jax.Array]  # (params, tokens, positions, segment_ids, select=None) -> logits
 
 
 class LayerCache(NamedTuple):
@@ -249,8 +249,9 @@ class Transformer(nnx.Module):
         self.lm_head = _dense(config.d_model, config.vocab_size, config, rngs) if untied else None
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
-                 *, remat: Remat = "none") -> jax.Array:
-        """Next-token logits, float32 [B, L, vocab], from int32 [B, L] inputs.
+                 *, remat: Remat = "none", select: jax.Array | None = None) -> jax.Array:
+        """Next-token logits, float32 [B, L, vocab], from int32 [B, L] inputs; with `select`
+        (int32 [B, K] indices into L), only at those positions: [B, K, vocab].
 
         remat "block": each block's activations are recomputed in the backward pass.
         """
@@ -259,6 +260,8 @@ class Transformer(nnx.Module):
         apply_block = _remat_block if remat == "block" else _apply_block
         for block in self.blocks:
             x = apply_block(block, x, positions, mask)
+        if select is not None:  # the output head, a vocabulary wide, only where a loss reads it
+            x = jnp.take_along_axis(x, select[:, :, None], axis=1)
         return self._logits(x)
 
     def extend(self, tokens: jax.Array, positions: jax.Array, cache: KVCache,
@@ -292,7 +295,8 @@ def init_params(config: ModelConfig, seed: int | jax.Array) -> Params:
 
 
 def forward_fn(config: ModelConfig, *, remat: Remat = "none") -> Forward:
-    """The model as a pure function `(params, tokens, positions, segment_ids) -> logits`.
+    """The model as a pure function `(params, tokens, positions, segment_ids, select=None) -> logits`
+    (`select`: the positions whose logits are wanted; all by default).
 
     The module structure is captured once from an abstract model (no weights are
     allocated); each call rebuilds the module around `params`, which is free under
@@ -328,8 +332,9 @@ class _Forward:
     config: ModelConfig
     remat: Remat = "none"
 
-    def __call__(self, params: Params, tokens, positions, segment_ids) -> jax.Array:
-        return nnx.merge(_graphdef(self.config), params)(tokens, positions, segment_ids, remat=self.remat)
+    def __call__(self, params: Params, tokens, positions, segment_ids, select=None) -> jax.Array:
+        return nnx.merge(_graphdef(self.config), params)(tokens, positions, segment_ids, remat=self.remat,
+                                                         select=select)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from learner import losses, multihost, sharding
-from learner.batching import Batch
+from learner.batching import Batch, loss_positions
 from learner.config import LearnerConfig, LossConfig, ModelConfig, OptimizerConfig
 from learner.model import Forward, Params, forward_fn, init_params
 
@@ -108,19 +108,37 @@ def params_numpy(state: TrainState) -> dict[str, Any]:
     return multihost.host_numpy(state.params)
 
 
+# The per-token fields a loss reads; with "select" in a batch, at those positions only.
+_PER_TOKEN = ("targets", "loss_mask", "behaviour_logprobs", "advantages", "segment_ids")
+
+
+def _selected(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """`batch` with its per-token fields at the positions "select" names ([R, K], from
+    `batching.loss_positions`), which are those the output head runs at; as is without."""
+    select = batch.get("select")
+    if select is None:
+        return batch
+    return {**batch, **{name: jnp.take_along_axis(batch[name], select, axis=1) for name in _PER_TOKEN}}
+
+
+def _logits(forward: Forward, params: Params, batch: dict[str, jax.Array]) -> jax.Array:
+    return forward(params, batch["tokens"], batch["positions"], batch["segment_ids"], batch.get("select"))
+
+
 def _sequence_logprobs(forward: Forward, params: Params, batch: dict[str, jax.Array]) -> jax.Array:
-    logits = forward(params, batch["tokens"], batch["positions"], batch["segment_ids"])
-    return losses.token_logprobs(logits, batch["targets"])
+    return losses.token_logprobs(_logits(forward, params, batch), _selected(batch)["targets"])
 
 
 def proximal_logprobs(params: Params, batch: dict[str, jax.Array], *, forward: Forward) -> jax.Array:
-    """[R, L] log-probs of the batch's targets under `params`: the proximal policy's."""
+    """[R, L] log-probs of the batch's targets under `params`: the proximal policy's ([R, K]
+    at the positions "select" names, if the batch has it)."""
     return _sequence_logprobs(forward, params, batch)
 
 
-def _device_loss(params, reference, batch, *, forward: Forward, loss_config: LossConfig):
+def _device_loss(params, reference, whole_batch, *, forward: Forward, loss_config: LossConfig):
     """This device's share of the loss on its rows, and metrics over all rows."""
-    logits = forward(params, batch["tokens"], batch["positions"], batch["segment_ids"])
+    logits = _logits(forward, params, whole_batch)
+    batch = _selected(whole_batch)
     logprobs = losses.token_logprobs(logits, batch["targets"])
     if loss_config.objective == "supervised":
         return losses.supervised_loss(logprobs, batch["loss_mask"], batch["segment_ids"], loss_config.aggregation,
@@ -130,7 +148,7 @@ def _device_loss(params, reference, batch, *, forward: Forward, loss_config: Los
     proximal = batch.get("proximal_logprobs", jax.lax.stop_gradient(logprobs))
     reference_logprobs = None
     if reference is not None:
-        reference_logprobs = jax.lax.stop_gradient(_sequence_logprobs(forward, reference, batch))
+        reference_logprobs = jax.lax.stop_gradient(_sequence_logprobs(forward, reference, whole_batch))
     loss, metrics = losses.policy_loss(
         logprobs,
         batch["behaviour_logprobs"],
@@ -260,7 +278,8 @@ class TrainStep:
 
     @property
     def compiles(self) -> int:
-        """Compilations of the update so far: one per distinct batch shape (bucket) seen."""
+        """Compilations of the update so far: one per distinct batch shape (bucket) seen, and
+        per size of its trained positions (`batching.loss_positions`: at most three a bucket)."""
         # jit's own cache of compiled executables (private, but what jit consults
         # before compiling; tests/learner/test_train.py pins its meaning).
         return self._jitted._cache_size()
@@ -277,6 +296,10 @@ class TrainStep:
                 f"batch rows ({rows}) must be divisible by mesh data x fsdp ({self._batch_shards})"
             )
         arrays = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+        # One host's rows alone cannot size K for all hosts' (the global array's one shape).
+        select = loss_positions(batch.loss_mask) if jax.process_count() == 1 else None
+        if select is not None:
+            arrays["select"] = select
         return multihost.global_batch(arrays, self._batch_sharding)
 
     def __call__(

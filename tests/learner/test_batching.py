@@ -108,3 +108,17 @@ def test_split_gives_contiguous_minibatches_of_rows():
     np.testing.assert_array_equal(np.concatenate([h.tokens for h in halves]), batch.tokens)
     with pytest.raises(ValueError, match=r"rows \(4\) must be divisible by minibatches \(3\)"):
         batch.split(3)
+
+
+def test_loss_positions_are_the_trained_ones_padded_to_a_quarter_or_a_half_of_the_row():
+    from learner.batching import loss_positions
+
+    mask = np.zeros((2, 16), np.float32)
+    mask[0, [3, 4, 9]] = 1
+    mask[1, [15]] = 1
+    assert loss_positions(mask).tolist() == [[0, 3, 4, 9], [0, 1, 2, 15]]  # K = 4, others fill in order
+    mask[0, 10:13] = 1  # 6 trained: a half
+    assert loss_positions(mask).shape == (2, 8) and set(np.nonzero(mask[0])[0]) <= set(loss_positions(mask)[0])
+    mask[1, :9] = 1  # 10 of 16: the head runs everywhere
+    assert loss_positions(mask) is None
+    assert loss_positions(np.zeros((1, 16), np.float32)).shape == (1, 4)

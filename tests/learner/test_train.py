@@ -162,3 +162,36 @@ def test_an_entropy_bonus_raises_the_entropy_of_the_trained_tokens(mesh):
         entropies[coef] = (first, metrics["entropy"])
     assert entropies[0.0][1] == pytest.approx(entropies[0.0][0], abs=1e-6)  # nothing to follow
     assert entropies[0.5][1] > entropies[0.5][0] + 1e-3
+
+
+@pytest.mark.parametrize("loss", [LossConfig(), LossConfig(objective="supervised"),
+                                  LossConfig(kl_coef=0.1, entropy_coef=0.01, aggregation="sequence-mean")])
+def test_the_output_head_at_the_trained_positions_only_changes_nothing(mesh, loss):
+    """An update whose head runs only where the loss reads ("select") equals the update over
+    every position: same loss, metrics and new weights."""
+    import dataclasses
+
+    from learner import train
+
+    config = LEARNER.model_copy(update={"loss": loss, "buckets": (32,)})
+    state = init_train_state(MODEL, config, seed=0, mesh=mesh)
+    params = params_numpy(state)
+    # Two episodes a row, each an observation of 12 tokens and an action of 4: 8 of 32 trained.
+    def episode(action):
+        sample = _sample(params, [1, *range(3, 14), *action[1:]])
+        return dataclasses.replace(sample, versions=np.where(np.arange(16) < 12, -1, 0).astype(np.int32))
+
+    batch = make_batch([episode(GOOD), episode(BAD)] * 2, [1.0, -1.0] * 2, config.buckets, rows=2)
+    select = train.loss_positions(batch.loss_mask)
+    assert batch.loss_mask.sum() == 16 and select is not None and select.shape == (2, 8)
+    arrays = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    step = jax.jit(lambda s, b: train.train_step(s, b, forward=forward_fn(MODEL), optimizer=make_optimizer(
+        config.optimizer), loss_config=config.loss, mesh=mesh))
+    whole_state, whole = step(state, arrays)
+    picked_state, picked = step(state, {**arrays, "select": select})
+    assert whole.keys() == picked.keys()
+    for name in whole:
+        np.testing.assert_allclose(picked[name], whole[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    # Adam divides by the gradients' scale: summation-order differences show up to ~1e-5 here.
+    for a, b in zip(jax.tree.leaves(picked_state.params), jax.tree.leaves(whole_state.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
