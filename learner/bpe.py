@@ -6,7 +6,10 @@ shape gets its tokenizer from this module: the `tokenizers` library's BPE traine
 an agent's conversations hold: prose over a lexicon of invented words with Zipf-distributed
 frequencies (so that there are tens of thousands of merges to learn), numbers, arithmetic,
 tool calls as JSON between tags, and code. Special tokens and the template follow Qwen2's
-(`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`; `<tool_call>` tags as added tokens).
+(`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`; `<tool_call>` tags as added tokens), and so
+does the pre-tokenization (its tokenizer.json's split pattern): every digit is a token of its
+own, so a number reads as the same digits wherever it stands ("37", " 37", "(37") and an
+agent copies it digit by digit, as Qwen2 does (a merged " 37" and "37" are different ids).
 """
 
 from __future__ import annotations
@@ -16,11 +19,15 @@ import pathlib
 import random
 from collections.abc import Iterator
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL = (PAD, IM_START, IM_END)
 TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# Qwen2's pre-tokenizer split (Qwen2 tokenizer.json): contractions, words with one leading
+# non-letter, single digits, punctuation runs, newlines, spaces.
+SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+         r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -57,7 +64,9 @@ def train(out: str | pathlib.Path, *, vocab_size: int = 32_768, corpus_bytes: in
     """Trains the tokenizer and writes `tokenizer.json` and `tokenizer_config.json` (with the
     chat template) into `out`, as a Hugging Face checkpoint directory holds them."""
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TOOL_TAGS), special_tokens=list(SPECIAL),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from learner import bpe
 from learner.chat import HFChat
@@ -21,7 +22,6 @@ def test_the_corpus_is_the_same_for_the_same_seed_and_its_size():
 
 
 def test_vocabulary_specials_and_round_trip(tokenizer_dir):
-    from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     assert tokenizer.get_vocab_size() == 2_000
@@ -37,9 +37,18 @@ def test_chat_template_frames_turns(tokenizer_dir):
     assert chat.stop_ids == (2,)  # <|im_end|>
     settings = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
     assert settings["chat_template"] == bpe.CHAT_TEMPLATE
-    from tokenizers import Tokenizer
 
     episode = chat.start() + chat.observation("hi", first=True)
     text = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).decode(episode, skip_special_tokens=False)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert episode[0] == 1 and np.all(np.array(episode) < 2_000)
+
+
+def test_digits_are_tokens_of_their_own_as_in_qwen2(tokenizer_dir):
+    """A number is its digits wherever it stands, so copying it is copying the same ids."""
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    digits = tokenizer.encode("1425").ids
+    assert len(digits) == 4
+    for text in (" 1425", "(1425", "<result> 1425</result>", "has 1425 marbles"):
+        ids = tokenizer.encode(text).ids
+        assert any(ids[i:i + 4] == digits for i in range(len(ids))), text
