@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from learner.batching import make_batch
 from learner.config import LearnerConfig, LossConfig, MeshConfig, ModelConfig, OptimizerConfig
-from learner.model import Params
+from learner.model import Params, forward_fn
 from learner.sharding import make_mesh
 from learner.train import TrainStep, init_train_state, params_numpy
 from learner.trajectory import OBSERVATION, Sample
@@ -71,11 +73,6 @@ def copied_share(params: Params, config: ModelConfig, *, ids: np.ndarray, bos: i
                  spans: int = 16) -> float:
     """The share of tokens of a second showing, after its first, the model predicts right
     (argmax) on spans it never trained on."""
-    import jax
-    import jax.numpy as jnp
-
-    from learner.model import forward_fn
-
     rng = np.random.default_rng([seed, 2])
     tokens = np.stack([copy_sample(rng.choice(ids, LENGTH), bos).tokens for _ in range(spans)])
     positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
