@@ -44,7 +44,7 @@ def main() -> None:
     from learner.train import TrainStep, init_train_state
     from tasks.actors.envs import resolve_entrypoint
     from tasks.warmup.demonstrations import demonstrations, to_sample
-    from tasks.warmup.stage import _batch, learner_config, order
+    from tasks.warmup.stage import learner_config, order, warmup_batch
 
     spec = load_spec(args.spec, args.overrides)
     env_class = resolve_entrypoint(spec.env.entrypoint)
@@ -79,7 +79,7 @@ def main() -> None:
     started = time.perf_counter()
     for update in range(1, args.updates + 1):
         picked = order((update - 1) * spec.warmup.batch, len(train), spec.warmup.batch, spec.seed)
-        state, values = step_fn(state, _batch([train[i] for i in picked], spec))
+        state, values = step_fn(state, warmup_batch([train[i] for i in picked], spec))
         if update % args.every == 0 or update == args.updates:
             print(f"update {update}: nll {values['nll']:.3f}; {score()} "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)

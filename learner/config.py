@@ -196,7 +196,7 @@ class LearnerConfig(Frozen):
     optimizer: OptimizerConfig = OptimizerConfig()
     loss: LossConfig = LossConfig()
     mesh: MeshConfig = MeshConfig()
-    buckets: tuple[PositiveInt, ...] = (64, 128)  # padded sequence lengths: one to three compiles each (batching.loss_positions)
+    buckets: tuple[PositiveInt, ...] = (64, 128)  # padded lengths: 1-3 compiles each (loss_positions)
     rows: PositiveInt | None = None  # rows per batch, samples packed into them; None: one per sample
     minibatches: PositiveInt = 1  # optimizer updates per pass over a batch
     epochs: PositiveInt = 1  # passes over each batch

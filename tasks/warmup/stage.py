@@ -100,7 +100,7 @@ def warm_up(spec: WarmupSpec, log: Callable[[str], None], interrupted: Callable[
         nll, saved = None, step
         while step < config.steps and not interrupted():
             start = step * config.batch
-            batch = _batch([samples[i] for i in order(start, len(samples), config.batch, spec.seed)], spec)
+            batch = warmup_batch([samples[i] for i in order(start, len(samples), config.batch, spec.seed)], spec)
             state, values = step_fn(state, batch)
             step, nll = step + 1, values["nll"]
             _append(run_dir.warmup_metrics, {"step": step, "time": time.time(), "cursor": [start, start + config.batch],
@@ -122,7 +122,8 @@ def warm_up(spec: WarmupSpec, log: Callable[[str], None], interrupted: Callable[
             "checkpoint": str(checkpoints.path(step)), "demonstrations": len(samples), "nll": nll}
 
 
-def _batch(samples: list, spec: WarmupSpec):
+def warmup_batch(samples: list, spec: WarmupSpec):
+    """One update's demonstrations packed into `warmup.rows` rows of the learner's buckets."""
     rows = spec.warmup.rows or spec.warmup.batch
     try:
         return make_batch(samples, [1.0] * len(samples), spec.learner.buckets, rows)
