@@ -38,7 +38,7 @@ demo: setup
 	$(VENV)/bin/tandem run specs/guess-number.yaml --fresh
 
 # The LLM-shaped agent of specs/word-problems.yaml: its model made here first (random
-# weights of qwen2's 25M shape, a BPE tokenizer trained on generated text: ~2 minutes).
+# weights of qwen2's 25M shape, a BPE tokenizer trained on generated text: ~20 s).
 models/qwen2-25m: | setup
 	$(VENV)/bin/tandem new-model qwen2-25m $@
 word-problems: setup models/qwen2-25m

@@ -18,7 +18,7 @@ def new_model_command(shape: str, out: Path, *, tokenizer: Path | None, vocab_si
     """`tandem new-model`: exit 0, or 1 with the reason."""
     started = time.time()
     if tokenizer is None:
-        print(f"Training a BPE tokenizer of {vocab_size} ids on generated text (a few minutes; "
+        print(f"Training a BPE tokenizer of {vocab_size} ids on generated text (~10 s; "
               f"--tokenizer DIR reuses one)...", flush=True)
         train(out, vocab_size=vocab_size, seed=seed)
         tokenizer = out

@@ -14,6 +14,7 @@ agent copies it digit by digit, as Qwen2 does (a merged " 37" and "37" are diffe
 
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 import random
@@ -50,7 +51,8 @@ def corpus(size_bytes: int, *, seed: int = 0, lexicon: int = 40_000) -> Iterator
     """Lines of generated text, `size_bytes` in all, the same for the same arguments."""
     rng = random.Random(seed)
     words = _COMMON + list(dict.fromkeys(_word(rng) for _ in range(lexicon)))
-    weights = [1.0 / (rank + 1) for rank in range(len(words))]  # Zipf's law
+    # Zipf's law, as cumulative weights: `choices` would otherwise sum all 40k weights per call.
+    weights = list(itertools.accumulate(1.0 / (rank + 1) for rank in range(len(words))))
     kinds = (_prose, _prose, _prose, _arithmetic, _tool_call, _code)
     written = 0
     while written < size_bytes:
@@ -89,7 +91,7 @@ def _word(rng: random.Random) -> str:
 def _prose(rng: random.Random, words: list[str], weights: list[float]) -> str:
     sentences = []
     for _ in range(rng.randint(1, 4)):
-        chosen = rng.choices(words, weights, k=rng.randint(4, 18))
+        chosen = rng.choices(words, cum_weights=weights, k=rng.randint(4, 18))
         if rng.random() < 0.3:
             chosen.insert(rng.randrange(len(chosen)), str(rng.randint(0, 10 ** rng.randint(1, 6))))
         sentence = " ".join(chosen)
@@ -101,19 +103,19 @@ def _arithmetic(rng: random.Random, words: list[str], weights: list[float]) -> s
     a, b = rng.randint(0, 10 ** rng.randint(1, 5)), rng.randint(1, 10 ** rng.randint(1, 4))
     op = rng.choice("+-*/")
     value = {"+": a + b, "-": a - b, "*": a * b, "/": round(a / b, 4)}[op]
-    return f"{a} {op} {b} = {value}. {' '.join(rng.choices(words, weights, k=rng.randint(2, 8)))}"
+    return f"{a} {op} {b} = {value}. {' '.join(rng.choices(words, cum_weights=weights, k=rng.randint(2, 8)))}"
 
 
 def _tool_call(rng: random.Random, words: list[str], weights: list[float]) -> str:
     tool = rng.choice(_TOOLS)
     argument = (f"{rng.randint(0, 9999)} {rng.choice('+-*/')} {rng.randint(1, 999)}" if tool == "calculator"
-                else " ".join(rng.choices(words, weights, k=rng.randint(1, 4))))
+                else " ".join(rng.choices(words, cum_weights=weights, k=rng.randint(1, 4))))
     call = json.dumps({"name": tool, "arguments": {"query": argument}})
-    reply = json.dumps({"result": rng.choice([str(rng.randint(-999, 99999)), " ".join(rng.choices(words, weights, k=3))])})
+    reply = json.dumps({"result": rng.choice([str(rng.randint(-999, 99999)), " ".join(rng.choices(words, cum_weights=weights, k=3))])})
     return f"<tool_call>\n{call}\n</tool_call>\n<tool_response>\n{reply}\n</tool_response>"
 
 
 def _code(rng: random.Random, words: list[str], weights: list[float]) -> str:
-    name, arg = (w.replace("-", "_") for w in rng.choices(words, weights, k=2))
+    name, arg = (w.replace("-", "_") for w in rng.choices(words, cum_weights=weights, k=2))
     return (f"def {name}({arg}):\n    if {arg} > {rng.randint(0, 100)}:\n        return {arg} * {rng.randint(2, 9)}\n"
             f"    return [{', '.join(str(rng.randint(0, 99)) for _ in range(rng.randint(1, 5)))}]")

@@ -53,7 +53,7 @@ def dask_cluster():
 @pytest.fixture(scope="session")
 def shipped_models():
     """The model directories shipped specs name (`models/qwen2-25m`, which `make word-problems`
-    makes), made here once if absent, as a user makes them: `tandem new-model` (~70 s)."""
+    makes), made here once if absent, as a user makes them: `tandem new-model` (~20 s)."""
     import yaml
 
     for spec in (ROOT / "specs").glob("*.yaml"):
