@@ -17,10 +17,6 @@ from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, Terminal
 
 pytestmark = pytest.mark.e2e
 
-TINY = ["--set", "learner.batch_groups=4", "--set", "buffer.capacity=8", "--set", "sync.interval=4",
-        "--set", "checkpoint.every=1", "--set", "learner.steps=12", "--set", "eval.every=2"]
-
-
 def scores(run_dir):
     return [json.loads(line) for line in (run_dir / "eval/scores.jsonl").read_text().splitlines()]
 
@@ -29,15 +25,13 @@ def without_times(line):
     return {k: v for k, v in line.items() if k not in ("time", "eval_s")}
 
 
-@pytest.fixture(scope="module")
-def evaluated_run(prefect_api, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("eval") / "run"
-    result = tandem("run", "specs/guess-number.yaml", *TINY, "--set", f"checkpoint.dir={run_dir}")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    output = result.stdout + result.stderr
+@pytest.fixture
+def evaluated_run(tiny_run):
+    """The session's small run (tests/flows/conftest.py), evaluated during the run."""
+    output = tiny_run.result.stdout + tiny_run.result.stderr
     assert "ERROR" not in output and "eval of version" not in output  # routine: in Prefect's logs only
-    assert "Best version by eval score: " in result.stdout
-    return run_dir
+    assert "Best version by eval score: " in tiny_run.result.stdout
+    return tiny_run.run_dir
 
 
 def test_every_second_version_and_the_last_are_evaluated_and_recorded(evaluated_run):
@@ -94,13 +88,16 @@ def test_the_lineage_reads_spec_version_checkpoint_eval(evaluated_run):
         assert assets[evals[v]]["metadata"]["success_rate"] == scores(run_dir)[v - 2]["success_rate"]
 
 
-def test_eval_after_the_fact_repeats_the_greedy_scores_and_episodes(evaluated_run):
-    run_dir = evaluated_run
+def test_eval_after_the_fact_repeats_the_greedy_scores_and_episodes(evaluated_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(evaluated_run, run_dir)  # the session's run stays as other tests read it
     during = scores(run_dir)[-1]
     episodes = (run_dir / "episodes/eval/v3.jsonl").read_text()
     result = tandem("eval", str(run_dir), "--version", "3")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert without_times(scores(run_dir)[-1]) == without_times(during)
+    after = scores(run_dir)[-1]
+    assert after["checkpoint"] == str(run_dir / "checkpoints" / "3")  # the copy's own
+    assert without_times(after) | {"checkpoint": None} == without_times(during) | {"checkpoint": None}
     assert (run_dir / "episodes/eval/v3.jsonl").read_text() == episodes
     assert "| 3" in result.stdout and (run_dir / "eval/table.md").exists()
     assert tandem("eval", str(run_dir), "--set", "learner.steps=4").returncode == 2  # only eval.* fields
@@ -134,7 +131,7 @@ def test_greedy_eval_of_a_trained_policy_scores_at_least_its_sampled_training_su
 
 def test_ctrl_c_during_tandem_eval_exits_130_without_a_traceback(evaluated_run, tmp_path):
     run_dir = tmp_path / "run"
-    shutil.copytree(evaluated_run, run_dir)  # the module's run stays as its other tests read it
+    shutil.copytree(evaluated_run, run_dir)  # the session's run stays as other tests read it
     terminal = Terminal([TANDEM, "eval", str(run_dir), "--all"], env={"COLUMNS": "160", "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 120
     while "Beginning flow run" not in terminal.output:  # its Dask cluster starts next, then the evaluations

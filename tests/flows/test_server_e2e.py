@@ -15,7 +15,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from flows.server import healthy, own_server
 from tasks.buffer.ledger import balanced
 from tests.conftest import ROOT, free_port, tandem
-from tests.flows.test_train_e2e import TINY
+from tests.flows.conftest import TINY
 
 pytestmark = pytest.mark.e2e
 

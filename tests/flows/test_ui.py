@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.server import start_local_server, ui_url
-from tests.conftest import free_port, tandem
+from flows.server import ui_url
 
 pytestmark = pytest.mark.e2e
 
 CHROMIUM = Path("/usr/bin/chromium")
-TINY = ["--set", "learner.steps=4", "--set", "learner.batch_groups=2", "--set", "buffer.capacity=8"]
 
 
 @pytest.fixture(scope="module")
@@ -33,33 +30,17 @@ def chromium() -> Path:
 
 
 @pytest.fixture(scope="module")
-def ui_api(tmp_path_factory):
-    """A Prefect server whose UI reads from it. The UI asks the API at PREFECT_UI_API_URL,
-    which otherwise defaults to port 4200 whatever port the server listens on."""
-    port = free_port()
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("PREFECT_UI_API_URL", f"http://127.0.0.1:{port}/api")
-        url, process = start_local_server(port, home=tmp_path_factory.mktemp("ui-prefect-home"))
-    try:
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def finished_run(ui_api, tmp_path_factory) -> tuple[object, object]:
-    """A tiny real training run reported to `ui_api`: its flow run and `<run>-versions` artifact."""
-    run_dir = tmp_path_factory.mktemp("ui-run")
-    # Without the test session's 8 virtual devices (XLA_FLAGS), which make compiling slow.
-    result = tandem("run", "specs/guess-number.yaml", *TINY, "--set", f"checkpoint.dir={run_dir}",
-                    env={"PREFECT_API_URL": ui_api, "XLA_FLAGS": ""})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    with temporary_settings(updates={PREFECT_API_URL: ui_api}), get_client(sync_client=True) as client:
-        (flow_run,) = client.read_flow_runs()
+def finished_run(prefect_api, tiny_run) -> tuple[object, object]:
+    """The session's small run (tests/flows/conftest.py): its flow run and `<run>-versions`
+    artifact. The session's server is started as `tandem` starts one, its UI talking to its
+    own API (`flows.server.server_env`), whatever port it listens on."""
+    with get_client(sync_client=True) as client:
+        flow_run = next(r for r in client.read_flow_runs()
+                        if str(tiny_run.run_dir) in json.dumps(r.parameters.get("spec")))
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
-    return flow_run, next(a for a in artifacts if a.key.endswith("-versions"))
+    versions = max((a for a in artifacts if a.key.endswith("-versions")), key=lambda a: a.created)
+    return flow_run, versions
 
 
 def browse(chromium: Path, url: str, profile: Path, *args: str) -> str:
@@ -72,9 +53,9 @@ def browse(chromium: Path, url: str, profile: Path, *args: str) -> str:
     return subprocess.run(command, capture_output=True, text=True, check=True, timeout=180).stdout
 
 
-def test_flow_run_page_lists_the_model_versions_artifact(chromium, ui_api, finished_run, tmp_path):
+def test_flow_run_page_lists_the_model_versions_artifact(chromium, prefect_api, finished_run, tmp_path):
     flow_run, _ = finished_run
-    page = f"{ui_url(ui_api)}/v2/runs/flow-run/{flow_run.id}?tab=Artifacts"
+    page = f"{ui_url(prefect_api)}/v2/runs/flow-run/{flow_run.id}?tab=Artifacts"
 
     dom = browse(chromium, page, tmp_path / "profile-dom", "--dump-dom")
     screenshot = tmp_path / "flow-run-artifacts.png"
@@ -85,10 +66,10 @@ def test_flow_run_page_lists_the_model_versions_artifact(chromium, ui_api, finis
     assert screenshot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
-def test_model_versions_artifact_shows_the_version_table(chromium, ui_api, finished_run, tmp_path):
+def test_model_versions_artifact_shows_the_version_table(chromium, prefect_api, finished_run, tmp_path):
     _, artifact = finished_run
-    (row,) = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
-    page = f"{ui_url(ui_api)}/v2/artifacts/artifact/{artifact.id}"
+    row, *_ = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+    page = f"{ui_url(prefect_api)}/v2/artifacts/artifact/{artifact.id}"
 
     dom = browse(chromium, page, tmp_path / "profile-dom", "--dump-dom")
     screenshot = tmp_path / "versions.png"
