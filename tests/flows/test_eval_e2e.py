@@ -17,6 +17,7 @@ from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, Terminal
 
 pytestmark = pytest.mark.e2e
 
+
 def scores(run_dir):
     return [json.loads(line) for line in (run_dir / "eval/scores.jsonl").read_text().splitlines()]
 
