@@ -1,6 +1,7 @@
 """One small real run that the end-to-end tests of training, eval, lineage, `tandem show`
 and the Prefect UI all read, made once: each such run costs about a minute on 2 cores."""
 
+import json
 import subprocess
 from pathlib import Path
 from typing import NamedTuple
@@ -11,6 +12,11 @@ from tests.conftest import tandem
 
 TINY = ["--set", "learner.batch_groups=4", "--set", "buffer.capacity=8", "--set", "sync.interval=4",
         "--set", "checkpoint.every=1"]
+
+
+def flow_run_of(client, run_dir: Path):
+    """The flow run of the run directory `run_dir`: the one whose spec parameter names it."""
+    return next(r for r in client.read_flow_runs() if str(run_dir) in json.dumps(r.parameters.get("spec")))
 
 
 class FinishedRun(NamedTuple):

@@ -13,6 +13,7 @@ from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFi
 
 from tasks.run_dir import RunDir
 from tests.conftest import ROOT, tandem
+from tests.flows.conftest import flow_run_of
 from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, Terminal
 
 pytestmark = pytest.mark.e2e
@@ -46,7 +47,7 @@ def test_every_second_version_and_the_last_are_evaluated_and_recorded(evaluated_
     assert list((run_dir / "tensorboard/eval").glob("events.out.tfevents.*"))
 
     with get_client(sync_client=True) as client:
-        flow_run = next(r for r in client.read_flow_runs() if str(run_dir) in json.dumps(r.parameters.get("spec")))
+        flow_run = flow_run_of(client, run_dir)
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
         evals = {t.name: t.state.type.value for t in runs if t.name.startswith("eval-v")}
         assert evals == {"eval-v2": "COMPLETED", "eval-v3": "COMPLETED"}

@@ -14,7 +14,7 @@ from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRu
 
 from tasks.buffer.ledger import balanced
 from tests.conftest import ROOT, tandem
-from tests.flows.conftest import TINY
+from tests.flows.conftest import TINY, flow_run_of
 
 pytestmark = pytest.mark.e2e
 
@@ -53,8 +53,7 @@ def test_run_trains_checkpoints_and_reports_to_prefect(tiny_run):
     assert (run_dir / "spec.yaml").exists()
 
     with get_client(sync_client=True) as client:
-        flow_run = next(r for r in client.read_flow_runs()
-                        if str(run_dir) in json.dumps(r.parameters.get("spec")))
+        flow_run = flow_run_of(client, run_dir)
         assert flow_run.state.is_completed()
         task_names = {t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))}
         assert any(n.startswith("learner") for n in task_names)

@@ -11,6 +11,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
 from flows.server import ui_url
+from tests.flows.conftest import flow_run_of
 
 pytestmark = pytest.mark.e2e
 
@@ -35,8 +36,7 @@ def finished_run(prefect_api, tiny_run) -> tuple[object, object]:
     artifact. The session's server is started as `tandem` starts one, its UI talking to its
     own API (`flows.server.server_env`), whatever port it listens on."""
     with get_client(sync_client=True) as client:
-        flow_run = next(r for r in client.read_flow_runs()
-                        if str(tiny_run.run_dir) in json.dumps(r.parameters.get("spec")))
+        flow_run = flow_run_of(client, tiny_run.run_dir)
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
     versions = max((a for a in artifacts if a.key.endswith("-versions")), key=lambda a: a.created)

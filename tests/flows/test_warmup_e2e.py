@@ -16,6 +16,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from tasks.buffer.ledger import balanced
 from tasks.run_dir import RunDir
 from tests.conftest import ROOT, tandem
+from tests.flows.conftest import flow_run_of
 from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, Terminal
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +45,7 @@ def test_warm_up_then_rl_then_eval_with_version_0_upstream(prefect_api, tmp_path
     assert balanced(accounting) and accounting["consumed"] == 8 * 4
 
     with get_client(sync_client=True) as client:
-        flow_run = next(r for r in client.read_flow_runs() if str(run_dir) in json.dumps(r.parameters.get("spec")))
+        flow_run = flow_run_of(client, run_dir)
         tasks = {t.name: t for t in client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))}
         assert {"version-0-warm-up", "version-1", "version-2"} <= set(tasks)
