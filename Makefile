@@ -44,6 +44,9 @@ models/qwen2-25m: | setup
 word-problems: setup models/qwen2-25m
 	$(VENV)/bin/tandem run specs/word-problems.yaml
 
-# One line per test file, a dot per test as it passes; the slowest 15 at the end.
+# A dot per test as it passes, the slowest 15 at the end. Two processes (pytest-xdist): much
+# of a test's time is compiling or waiting on other processes, which a second test fills;
+# the tests that read the session's small run (`tiny_run`) share one process.
+TEST_WORKERS ?= 2
 test: setup-test
-	$(PY) -m pytest --durations=15
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15

@@ -74,8 +74,11 @@ def main() -> None:
         return (f"numbers {right[mask & number].mean():.1%}, other tokens {right[mask & ~number].mean():.1%}, "
                 f"whole replies {np.mean(whole):.1%}")
 
-    print(f"{spec.model.init}: warm-up of {args.updates} updates of {spec.warmup.batch}, lr "
-          f"{spec.warmup.optimizer.lr}; {len(scored)} held-out demonstrations; load {os.getloadavg()[0]:.1f}")
+    optimizer = spec.warmup.optimizer
+    schedule = (f" (warm-up {optimizer.warmup_steps} updates, cosine over {optimizer.decay_steps})"
+                if optimizer.scheduled else "")
+    print(f"{spec.model.init}: warm-up of {args.updates} updates of {spec.warmup.batch}, lr {optimizer.lr}"
+          f"{schedule}, seed {spec.seed}; {len(scored)} held-out demonstrations; load {os.getloadavg()[0]:.1f}")
     started = time.perf_counter()
     for update in range(1, args.updates + 1):
         picked = order((update - 1) * spec.warmup.batch, len(train), spec.warmup.batch, spec.seed)

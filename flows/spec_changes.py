@@ -16,11 +16,12 @@ from typing import Any
 import yaml
 
 # What a checkpoint's arrays or the ledger's prompt cursor depend on. `name`: the run's
-# lineage in Prefect is keyed by it. The optimizer's clipping and decay, and a KL term (its
-# reference copy of the weights), change the train state's structure. The warm-up made
-# version 0: its data, length and optimizer are the run's.
+# lineage in Prefect is keyed by it. The optimizer's clipping, decay and learning-rate
+# schedule (its update count), and a KL term (its reference copy of the weights), change the
+# train state's structure. The warm-up made version 0: its data, length and optimizer are the run's.
 FIXED = ("name", "seed", "model", "env.entrypoint", "env.kwargs", "data", "warmup", "actors.group_size",
-         "learner.optimizer.max_grad_norm", "learner.optimizer.weight_decay", "learner.loss.kl_coef")
+         "learner.optimizer.max_grad_norm", "learner.optimizer.weight_decay", "learner.optimizer.warmup_steps",
+         "learner.optimizer.decay_steps", "learner.loss.kl_coef")
 
 HISTORY = "# changed "  # how a line of the history begins
 

@@ -118,7 +118,14 @@ class ModelConfig(Frozen):
 
 
 class OptimizerConfig(Frozen):
-    """Adam(W) with global-norm gradient clipping."""
+    """Adam(W) with global-norm gradient clipping, at a constant `lr` or on a schedule.
+
+    warmup_steps: the learning rate rises linearly to `lr` over the first updates (update k,
+      from 0, at lr * (k + 1) / warmup_steps; Goyal et al. 2017, the usual start of
+      transformer training). 0 = none.
+    decay_steps: after the warm-up, a cosine decay (Loshchilov & Hutter 2017) from `lr` to
+      `lr * min_lr_ratio` over this many updates, then constant; None = `lr` throughout.
+    """
 
     lr: float = Field(3e-4, gt=0)
     b1: float = Field(0.9, ge=0, lt=1)
@@ -126,6 +133,14 @@ class OptimizerConfig(Frozen):
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    decay_steps: PositiveInt | None = None
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the learning rate changes with the update count (a count in the optimizer's state)."""
+        return self.warmup_steps > 0 or self.decay_steps is not None
 
 
 class LossConfig(Frozen):

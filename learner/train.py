@@ -41,10 +41,24 @@ class TrainState(NamedTuple):
     reference: Params | None = None
 
 
+def learning_rate(config: OptimizerConfig) -> optax.ScalarOrSchedule:
+    """`lr`, or its schedule: a linear warm-up, then a cosine decay, then constant."""
+    if not config.scheduled:
+        return config.lr
+    warmup = config.warmup_steps  # update k (from 0) at lr * (k + 1) / warmup: none is at 0
+    pieces = [optax.linear_schedule(config.lr / warmup, config.lr, warmup - 1)] if warmup else []
+    if config.decay_steps is None:
+        pieces.append(optax.constant_schedule(config.lr))
+    else:
+        pieces.append(optax.cosine_decay_schedule(config.lr, config.decay_steps, alpha=config.min_lr_ratio))
+    return optax.join_schedules(pieces, [warmup]) if len(pieces) == 2 else pieces[0]
+
+
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-    """AdamW, after clipping the gradient's global norm to `max_grad_norm` if set."""
+    """AdamW at `learning_rate(config)`, after clipping the gradient's global norm to
+    `max_grad_norm` if set."""
     adamw = optax.adamw(
-        config.lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay
+        learning_rate(config), b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay
     )
     if config.max_grad_norm is None:
         return adamw

@@ -16,7 +16,7 @@ from tests.conftest import ROOT, tandem
 from tests.flows.conftest import flow_run_of
 from tests.flows.test_interrupt_e2e import CTRL_C, TANDEM, Terminal
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("tiny_run")]  # one worker builds the run they read
 
 
 def scores(run_dir):

@@ -27,8 +27,10 @@ def test_differences_are_the_leaves_that_differ_in_order(tmp_path):
 
 def test_a_whole_fixed_section_and_a_field_beside_one_are_told_apart():
     assert fixed([("data.source", "env", "/p.jsonl"), ("env.kwargs.values", 12, 16), ("env.latency_s", 0, 0.5),
-                  ("learner.optimizer.lr", 1e-3, 2e-3), ("learner.optimizer.max_grad_norm", 1.0, None)]) == [
-        ("data.source", "env", "/p.jsonl"), ("env.kwargs.values", 12, 16), ("learner.optimizer.max_grad_norm", 1.0, None)]
+                  ("learner.optimizer.lr", 1e-3, 2e-3), ("learner.optimizer.max_grad_norm", 1.0, None),
+                  ("learner.optimizer.warmup_steps", 0, 50), ("learner.optimizer.min_lr_ratio", 0.1, 0.0)]) == [
+        ("data.source", "env", "/p.jsonl"), ("env.kwargs.values", 12, 16), ("learner.optimizer.max_grad_norm", 1.0, None),
+        ("learner.optimizer.warmup_steps", 0, 50)]
 
 
 def test_the_run_spec_keeps_a_history_of_accepted_changes(tmp_path):

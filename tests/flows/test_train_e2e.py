@@ -16,7 +16,7 @@ from tasks.buffer.ledger import balanced
 from tests.conftest import ROOT, tandem
 from tests.flows.conftest import TINY, flow_run_of
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("tiny_run")]  # one worker builds the run they read
 
 
 def run_dir_records(run_dir):

@@ -13,7 +13,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from flows.server import ui_url
 from tests.flows.conftest import flow_run_of
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("tiny_run")]  # one worker builds the run they read
 
 CHROMIUM = Path("/usr/bin/chromium")
 

@@ -8,7 +8,8 @@ from learner.config import LearnerConfig, LossConfig, MeshConfig, ModelConfig, O
 from learner.losses import token_logprobs
 from learner.model import forward_fn
 from learner.sharding import make_mesh
-from learner.train import TrainStep, abstract_train_state, init_train_state, make_optimizer, params_numpy
+from learner.train import (TrainStep, abstract_train_state, init_train_state, learning_rate, make_optimizer,
+                           params_numpy)
 from learner.trajectory import Sample
 
 MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64)
@@ -105,6 +106,33 @@ def test_optimizer_clips_the_global_gradient_norm_when_asked():
         _, state = optimizer.update(grads, optimizer.init(grads), grads)
         # Adam's first moment after one step is (1 - b1) times the gradient it saw.
         np.testing.assert_allclose(optax.tree.get(state, "mu")["w"], 0.5 * seen, rtol=1e-6)
+
+
+def test_the_learning_rate_warms_up_linearly_then_decays_by_a_cosine():
+    rate = learning_rate(OptimizerConfig(lr=1e-3, warmup_steps=4, decay_steps=10, min_lr_ratio=0.1))
+    np.testing.assert_allclose([float(rate(k)) for k in (0, 1, 3, 4, 9, 14, 100)],
+                               [2.5e-4, 5e-4, 1e-3, 1e-3, 5.5e-4, 1e-4, 1e-4], rtol=1e-5)
+    assert learning_rate(OptimizerConfig(lr=1e-3)) == 1e-3  # unscheduled: no count in the state
+    warm_only = learning_rate(OptimizerConfig(lr=1e-3, warmup_steps=2))
+    assert [float(warm_only(k)) for k in (0, 1, 50)] == pytest.approx([5e-4, 1e-3, 1e-3])
+    assert float(learning_rate(OptimizerConfig(lr=1e-3, decay_steps=4))(2)) == pytest.approx(5.5e-4)
+
+
+def test_a_scheduled_state_counts_its_updates(mesh):
+    """The schedule reads the count the optimizer state keeps, so a restored state goes on
+    where it was; the abstract state (an Orbax restore's target) has that count too."""
+    learner = LEARNER.model_copy(update={"optimizer": OptimizerConfig(lr=1e-2, warmup_steps=3)})
+    state = init_train_state(MODEL, learner, seed=0, mesh=mesh)
+    batch = make_batch([_sample(params_numpy(state), GOOD)], [1.0], learner.buckets, rows=1)
+    step = TrainStep(MODEL, learner, mesh)
+    before = params_numpy(state)
+    state, _ = step(state, batch)
+    first = jax.tree.map(lambda a, b: np.abs(a - b).max(), params_numpy(state), before)
+    counts = [int(c) for _, c in optax.tree.get_all_with_path(state.opt_state, "count")]
+    assert counts and set(counts) == {1}
+    assert jax.tree.structure(abstract_train_state(MODEL, learner, mesh)) == jax.tree.structure(state)
+    # Adam's first step moves each weight by about the learning rate: lr / 3 here.
+    assert max(jax.tree.leaves(first)) == pytest.approx(1e-2 / 3, rel=0.05)
 
 
 def test_a_batch_yields_minibatches_times_epochs_steps(mesh):
