@@ -75,8 +75,8 @@ def main() -> None:
                 f"whole replies {np.mean(whole):.1%}")
 
     optimizer = spec.warmup.optimizer
-    schedule = (f" (warm-up {optimizer.warmup_steps} updates, cosine over {optimizer.decay_steps})"
-                if optimizer.scheduled else "")
+    decay = "constant" if optimizer.decay_steps is None else f"cosine over {optimizer.decay_steps}"
+    schedule = f" (warm-up {optimizer.warmup_steps} updates, then {decay})" if optimizer.scheduled else ""
     print(f"{spec.model.init}: warm-up of {args.updates} updates of {spec.warmup.batch}, lr {optimizer.lr}"
           f"{schedule}, seed {spec.seed}; {len(scored)} held-out demonstrations; load {os.getloadavg()[0]:.1f}")
     started = time.perf_counter()

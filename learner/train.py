@@ -45,13 +45,13 @@ def learning_rate(config: OptimizerConfig) -> optax.ScalarOrSchedule:
     """`lr`, or its schedule: a linear warm-up, then a cosine decay, then constant."""
     if not config.scheduled:
         return config.lr
-    warmup = config.warmup_steps  # update k (from 0) at lr * (k + 1) / warmup: none is at 0
-    pieces = [optax.linear_schedule(config.lr / warmup, config.lr, warmup - 1)] if warmup else []
-    if config.decay_steps is None:
-        pieces.append(optax.constant_schedule(config.lr))
-    else:
-        pieces.append(optax.cosine_decay_schedule(config.lr, config.decay_steps, alpha=config.min_lr_ratio))
-    return optax.join_schedules(pieces, [warmup]) if len(pieces) == 2 else pieces[0]
+    after = (optax.constant_schedule(config.lr) if config.decay_steps is None
+             else optax.cosine_decay_schedule(config.lr, config.decay_steps, alpha=config.min_lr_ratio))
+    warmup = config.warmup_steps
+    if not warmup:
+        return after
+    rise = optax.linear_schedule(config.lr / warmup, config.lr, warmup - 1)  # update k (from 0) at lr (k + 1) / warmup
+    return optax.join_schedules([rise, after], [warmup])
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
