@@ -33,17 +33,21 @@ def _locked(method):
 @dataclasses.dataclass(frozen=True)
 class Exclusion:
     """An attempt excluded at the buffer's entry, as its actor reported it: the reason
-    ("aborted", "invalid", a filter's "filtered", ...), what a person reads, and for an
-    aborted group why, typed (`learner.trajectory.Abort`)."""
+    ("aborted", "invalid", a filter's "filtered", ...), what a person reads, for an
+    aborted group why, typed (`learner.trajectory.Abort`), and for a group played to its
+    end (a filtered one) how many of its episodes were judged and how many succeeded."""
 
     reason: str
     detail: str
     abort: Abort | None = None
+    successes: int = 0
+    judged: int = 0
 
     @classmethod
     def from_report(cls, report: dict) -> Exclusion:
         wire = report.get("abort")
-        return cls(report["reason"], report["detail"], Abort.from_wire(wire) if wire is not None else None)
+        return cls(report["reason"], report["detail"], Abort.from_wire(wire) if wire is not None else None,
+                   successes=int(report.get("successes", 0)), judged=int(report.get("judged", 0)))
 
 
 @dataclasses.dataclass(frozen=True)

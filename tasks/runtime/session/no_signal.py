@@ -42,9 +42,16 @@ CAUSES = {
 class NoSignal(Exception):
     """No group carrying learning signal arrived within the bound."""
 
-    def __init__(self, excluded: dict[str, int], details: dict[str, str], waited_s: float):
+    def __init__(self, excluded: dict[str, int], details: dict[str, str], waited_s: float,
+                 successes: int = 0, judged: int = 0):
         super().__init__(f"no group could be trained: {excluded} excluded in {waited_s:.0f}s")
         self.excluded, self.details, self.waited_s = excluded, details, waited_s
+        self.successes, self.judged = successes, judged  # over the episodes of the excluded groups
+
+    @property
+    def success_rate(self) -> float | None:
+        """The acting policy's success over the episodes played while the learner waited."""
+        return self.successes / self.judged if self.judged else None
 
 
 class SignalWatch:
@@ -65,6 +72,7 @@ class SignalWatch:
         self._base: collections.Counter[str] = collections.Counter()
         self._since = clock()
         self._details: dict[str, str] = {}  # the first detail of each reason since the batch began
+        self._successes = self._judged = 0  # over the excluded groups' episodes since then
 
     def batch_started(self) -> None:
         """The learner begins taking a batch: count from here."""
@@ -72,11 +80,14 @@ class SignalWatch:
             self._base = collections.Counter(self._excluded())
             self._since = self._clock()
             self._details.clear()
+            self._successes = self._judged = 0
 
     def excluded(self, exclusion: Exclusion) -> None:
         """The intake's observer: an attempt was excluded at the buffer's entry."""
         with self._lock:
             self._details.setdefault(exclusion.reason, exclusion.detail)
+            self._successes += exclusion.successes
+            self._judged += exclusion.judged
 
     def raise_if_no_signal(self) -> None:
         """Raises `NoSignal` once the batch being taken has waited past a bound."""
@@ -89,7 +100,7 @@ class SignalWatch:
                 return
             if (self.max_groups is not None and total >= self.max_groups
                     or self.max_s is not None and waited >= self.max_s):
-                raise NoSignal(counts, dict(self._details), waited)
+                raise NoSignal(counts, dict(self._details), waited, self._successes, self._judged)
 
 
 def describe(no_signal: NoSignal, last: StepRecord | None, config: LearnerConfig) -> str:

@@ -97,7 +97,7 @@ class Session:
             return True
         except NoSignal as e:
             self._stop_between_batches(self.stopping.no_signal(e, self.last))
-            if self.stopping.fails_on_no_signal:
+            if self.stopped.reason is StopReason.NO_SIGNAL and self.stopping.fails_on_no_signal:
                 raise NoSignalFailure(self.stopped.message) from None
             return True
         self.meter.took(time.perf_counter() - start)

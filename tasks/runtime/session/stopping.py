@@ -120,5 +120,14 @@ class StopRule:
         return None
 
     def no_signal(self, error: NoSignal, last: StepRecord | None) -> Stop:
-        """The stop for a wait without learning signal, with its measured cause."""
+        """The stop for a wait without learning signal, with its measured cause. A policy
+        that solves (nearly) every prompt starves the learner too, every group filtered for
+        all-alike rewards, before its windowed success has caught up: where the episodes
+        played during the wait reach `stop_at_success`, the run reached its target."""
+        rate = error.success_rate
+        if self.target is not None and rate is not None and rate >= self.target:
+            since = f"since step {last.step}" if last is not None else "before the first step"
+            return Stop(StopReason.SUCCESS, f"success {rate:.1%} over the {error.judged} episodes played {since} "
+                                            f"reached learner.stop_at_success ({self.target:.0%}); every group "
+                                            f"had the same reward in all its episodes, so none was left to train on")
         return Stop(StopReason.NO_SIGNAL, describe(error, last, self.config))

@@ -84,3 +84,26 @@ def test_an_aborted_cause_quotes_its_first_detail():
     error = NoSignal({"aborted": 64}, {"aborted": "episode longer than the context window (model.max_len=16)"}, 3)
     line = describe(error, None, LearnerConfig())
     assert "before the first step" in line and "every attempt was aborted, e.g. episode longer" in line
+
+
+def test_the_wait_carries_the_success_of_the_episodes_excluded_since_the_batch_began():
+    excluded = collections.Counter()
+    signal, _ = watch(excluded, max_gen_batches=1, no_signal_s=None)
+    signal.excluded(Exclusion("filtered", "zero_variance", successes=8, judged=8))  # before the batch: not counted
+    signal.batch_started()
+    for successes in (8, 8, 0):
+        signal.excluded(Exclusion("filtered", "zero_variance", successes=successes, judged=8))
+        excluded["filtered"] += 1
+    signal.excluded(Exclusion("aborted", "timeout"))  # played to no end: no episodes judged
+    excluded["aborted"] += 1
+    with pytest.raises(NoSignal) as raised:
+        signal.raise_if_no_signal()
+    assert (raised.value.successes, raised.value.judged) == (16, 24)
+    assert raised.value.success_rate == pytest.approx(2 / 3)
+    assert NoSignal({"aborted": 4}, {}, 1.0).success_rate is None
+
+
+def test_an_exclusion_reads_its_episodes_from_the_actor_s_report():
+    report = {"reason": "filtered", "detail": "zero_variance", "episodes": 8, "successes": 8, "judged": 8}
+    assert Exclusion.from_report(report) == Exclusion("filtered", "zero_variance", successes=8, judged=8)
+    assert Exclusion.from_report({"reason": "invalid", "detail": "nan"}).judged == 0

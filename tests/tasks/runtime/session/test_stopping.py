@@ -11,6 +11,7 @@ class Record:  # the fields of a `StepRecord` the rule reads
     step: int
     success_rate: float | None
     reward_mean: float = 0.0
+    train: dict = dataclasses.field(default_factory=dict)
 
 
 def feed(rule: StopRule, values, start: int = 1, success: bool = True) -> None:
@@ -68,3 +69,18 @@ def test_no_plateau_rule_unless_the_spec_sets_one():
     rule = StopRule(LearnerConfig(steps=1000, stop_window=1))
     feed(rule, [0.5] * 500)
     assert rule.at_version(500) is None
+
+
+def test_a_wait_without_signal_from_a_policy_that_solves_every_prompt_is_the_success_target():
+    from tasks.runtime.session.no_signal import NoSignal
+    rule = StopRule(LearnerConfig(steps=1000, stop_at_success=0.95, stop_window=20))
+    feed(rule, [0.9] * 20)
+    last = Record(20, 0.99)
+    solved = rule.no_signal(NoSignal({"filtered": 256}, {}, 3.0, successes=2040, judged=2048), last)
+    assert solved.reason == StopReason.SUCCESS and "99.6% over the 2048 episodes played since step 20" in solved.message
+    stuck = rule.no_signal(NoSignal({"filtered": 256}, {}, 3.0, successes=1760, judged=2048), last)
+    assert stuck.reason == StopReason.NO_SIGNAL  # 86%: deterministic below the target
+    failing = rule.no_signal(NoSignal({"aborted": 64}, {}, 300.0), None)
+    assert failing.reason == StopReason.NO_SIGNAL
+    untargeted = StopRule(LearnerConfig(steps=1000))
+    assert untargeted.no_signal(NoSignal({"filtered": 256}, {}, 3.0, 2048, 2048), last).reason == StopReason.NO_SIGNAL
