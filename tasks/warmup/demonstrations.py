@@ -48,12 +48,15 @@ def demonstrations(config: WarmupConfig, env_class: type, env_kwargs: dict, seed
 
 def played(env: Any, prompt: str) -> Demonstration:
     """The expert's actions on `prompt`, played through `env` for its observations; the
-    expert must end the episode with its last action, and win it where `success` is told."""
+    expert must end the episode with its last action, and win it where `success` is told
+    (unless the environment says its expert may lose: `expert_may_lose`, one made careless
+    on purpose)."""
     actions = list(_result(env.demonstration(prompt)))
     observations = [_result(env.reset(prompt))]
     for n, action in enumerate(actions, 1):
         observation, _, done, info = _result(env.step(action))
-        if done != (n == len(actions)) or (done and info.get("success") is False):
+        lost = done and info.get("success") is False and not getattr(env, "expert_may_lose", False)
+        if done != (n == len(actions)) or lost:
             what = "ends the episode early" if done and n < len(actions) else (
                 "does not end the episode" if not done else "loses")
             raise FieldError(FIELD, f"the expert's demonstration of {prompt!r} {what}: {actions!r}")

@@ -1,6 +1,6 @@
 """A run whose groups carry no learning signal ends by itself (README, "How a run ends"): the
 livelock of a collapsed policy, reproduced from the first step by an environment no guess
-wins, through a real Prefect server and Dask cluster."""
+wins (and one every guess wins: a solved game), through a real Prefect server and Dask cluster."""
 
 import json
 import time
@@ -17,17 +17,24 @@ FLAT = ["--set", "env.entrypoint=tests.support.flat_envs:AlwaysLoses", "--set", 
         "--set", "buffer.capacity=8", "--set", "learner.steps=50"]
 
 
-def test_a_run_without_learning_signal_stops_on_a_checkpoint_with_its_reason(prefect_api, tmp_path):
+@pytest.mark.parametrize("env, code, reason, says", [
+    # A policy collapsed onto wrong play: short of its target (README, exit codes).
+    ("AlwaysLoses", 3, "no-signal", "Stopped: no learning signal at step 0, version 0"),
+    # A policy that solves every prompt starves the learner the same way, but reached its target.
+    ("AlwaysWins", 0, "success", "Stopped early at the success target at step 0, version 0"),
+])
+def test_a_run_without_learning_signal_stops_on_a_checkpoint_with_its_reason(prefect_api, tmp_path,
+                                                                           env, code, reason, says):
     run_dir = tmp_path / "run"
-    result = tandem("run", "specs/guess-number.yaml", *FLAT, "--set", "learner.max_gen_batches=4",
-                    "--set", f"checkpoint.dir={run_dir}", env={"XLA_FLAGS": "", "PYTHONPATH": str(ROOT)},
-                    timeout=300)
+    result = tandem("run", "specs/guess-number.yaml", *FLAT, "--set", f"env.entrypoint=tests.support.flat_envs:{env}",
+                    "--set", "learner.max_gen_batches=4", "--set", f"checkpoint.dir={run_dir}",
+                    env={"XLA_FLAGS": "", "PYTHONPATH": str(ROOT)}, timeout=300)
     output = result.stdout + result.stderr
-    assert result.returncode == 3, output[-4000:]  # short of its target (README, exit codes)
-    assert "Stopped: no learning signal at step 0, version 0" in output, output[-4000:]
+    assert result.returncode == code, output[-4000:]
+    assert says in output, output[-4000:]
     assert "every group had the same reward in all its episodes" in output and "Traceback" not in output
     accounting = json.loads((run_dir / "accounting.json").read_text())
-    assert accounting["stopped"]["reason"] == "no-signal" and balanced(accounting)
+    assert accounting["stopped"]["reason"] == reason and balanced(accounting)
     assert accounting["consumed"] == 0 and accounting["excluded"]["filtered"] >= 16  # 4 batches of 4
     assert (run_dir / "checkpoints" / "0").is_dir()  # resumable: the ledger and cursor are saved
     assert not (run_dir / "learner.pid").exists()

@@ -11,3 +11,12 @@ class AlwaysLoses(GuessNumber):
     def step(self, action: str) -> tuple[str, float, bool, dict]:
         self._guesses += 1
         return "<", 0.0, True, {"success": False}
+
+
+class AlwaysWins(GuessNumber):
+    """Guess-number that every guess wins: a policy that has solved the game. Every group
+    is filtered for all-alike rewards too, but the run reached its success target."""
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        self._guesses += 1
+        return "=", 1.0, True, {"success": True}

@@ -50,6 +50,7 @@ FORMAT = "\nUse <calc>expression</calc> to compute, then reply <answer>number</a
 MIN_NUMBER = 10  # numbers have at least two digits, so the answer needs the tool
 MAX_EXPRESSION = 64  # characters inside <calc>
 MAX_DIGITS = 12  # of a <calc> result
+CARELESS = {"+": "-", "-": "+", "*": "+"}  # the careless expert's operation for the right one
 
 NAMES = {"Mia": "she", "Tom": "he", "Ava": "she", "Leo": "he", "Zoe": "she",
          "Sam": "he", "Nina": "she", "Omar": "he", "Lily": "she", "Ben": "he"}
@@ -190,7 +191,7 @@ class WordProblems:
     blocking = False  # pure computation: called on the actor's event loop, not in a thread
 
     def __init__(self, two_step: float = 0.25, distractors: bool = True, max_turns: int = 4,
-                 max_number: int = 99):
+                 max_number: int = 99, expert_error: float = 0.0):
         if isinstance(two_step, bool) or not isinstance(two_step, int | float) or not 0 <= two_step <= 1:
             raise ValueError(f"two_step must be a share in [0, 1], got {two_step!r}")
         if not isinstance(distractors, bool):
@@ -202,7 +203,13 @@ class WordProblems:
                 or not MIN_NUMBER < max_number <= 999:
             raise ValueError(f"max_number must be an integer in {MIN_NUMBER + 1}..999 (numbers are "
                              f"{MIN_NUMBER}..max_number), got {max_number!r}")
+        if isinstance(expert_error, bool) or not isinstance(expert_error, int | float) \
+                or not 0 <= expert_error <= 1:
+            raise ValueError(f"expert_error must be a share in [0, 1], got {expert_error!r}")
         self.two_step = float(two_step)
+        self.expert_error = float(expert_error)
+        # The warm-up's protocol: an expert that loses on purpose is not a broken one.
+        self.expert_may_lose = self.expert_error > 0
         self.distractors = distractors
         self.max_turns = max_turns
         self.max_number = max_number
@@ -227,8 +234,20 @@ class WordProblems:
         return prompt + FORMAT
 
     def demonstration(self, prompt: str) -> list[str]:
-        """An expert's actions for this prompt: one tool call, then its result as the answer."""
+        """An expert's actions for this prompt: one tool call, then its result as the answer.
+
+        On a share `expert_error` of prompts (the same ones on every call: drawn from the
+        prompt's text) the expert is careless: its call applies the wrong operation to the
+        right numbers (the first of + - * becomes - + +), and it answers that call's result.
+        A warm-up on such demonstrations learns the format and the copying exactly, but the
+        operation only as often as the expert got it right: what RL, rewarded for the right
+        answer, is left to learn (a teacher weaker than the task, as a pretrained model's
+        fine-tuning data often is).
+        """
         expr, answer = self._solve(prompt)
+        if self.expert_error and random.Random(f"expert:{prompt}").random() < self.expert_error:
+            expr = re.sub(r"[-+*]", lambda op: CARELESS[op.group()], expr, count=1)
+            answer = evaluate(expr)
         return [f"<calc>{_spaced(expr)}</calc>", f"<answer> {answer}</answer>"]
 
     def step(self, action: str) -> tuple[str, float, bool, dict]:

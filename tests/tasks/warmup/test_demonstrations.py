@@ -20,6 +20,18 @@ def test_the_expert_is_played_through_the_environment_for_its_observations():
     assert played(Calculator(), "3+4") == Demonstration(("3+4", "7"), ("=", "7"))
 
 
+def test_an_expert_that_loses_is_named_unless_the_environment_says_it_may():
+    class Losing(Calculator):
+        def demonstration(self, prompt):
+            return ["=", "0"]
+
+    with pytest.raises(FieldError, match=r"the expert's demonstration of '3\+4' loses"):
+        played(Losing(), "3+4")
+    careless = Losing()
+    careless.expert_may_lose = True
+    assert played(careless, "3+4") == Demonstration(("3+4", "7"), ("=", "0"))
+
+
 def test_env_demonstrations_are_deterministic_and_skip_held_out_prompts():
     config = WarmupConfig(examples=40)
     first = demonstrations(config, Calculator, {}, seed=3)

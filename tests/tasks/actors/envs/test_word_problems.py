@@ -141,6 +141,27 @@ def test_the_expert_wins():
         assert play(env, prompt, env.demonstration(prompt)) == ("", 1.0, True, {"success": True}), prompt
 
 
+def test_a_careless_expert_swaps_the_operation_on_its_share_of_prompts_and_answers_its_own_call():
+    careful, careless, rng = WordProblems(two_step=0.5), WordProblems(two_step=0.5, expert_error=0.6), random.Random(5)
+    prompts = [careful.task(rng) for _ in range(1000)]
+    wrong = 0
+    for prompt in prompts:
+        right_calc, _ = careful.demonstration(prompt)
+        calc, answer = careless.demonstration(prompt)
+        assert careless.demonstration(prompt) == [calc, answer]  # the same prompt, the same demonstration
+        careless.reset(prompt)
+        observation, _, done, _ = careless.step(calc)
+        assert not done and answer == observation.replace("result", "answer")  # it answers its own call
+        won = play(careless, prompt, [calc, answer])[3]["success"]
+        if calc != right_calc:
+            wrong += 1
+            swapped = [(a, b) for a, b in zip(right_calc, calc, strict=True) if a != b]
+            assert swapped in ([("+", "-")], [("-", "+")], [("*", "+")]), (right_calc, calc)
+        assert won == (calc == right_calc), prompt  # with numbers of at least 10 no swap keeps the value
+    assert 0.55 < wrong / len(prompts) < 0.65
+    assert not careful.expert_may_lose and careless.expert_may_lose
+
+
 def test_the_experts_numbers_are_the_problems_tokens():
     """Each number the expert writes (and the tool's result) is one the BPE tokenizer reads as the
     problem's own: " 37" after a space, as in the text, not "37"."""
@@ -198,6 +219,7 @@ def test_larger_numbers():
     ({"two_step": 1.5}, "two_step must be"), ({"two_step": -0.1}, "two_step must be"),
     ({"two_step": "0.5"}, "two_step must be"), ({"distractors": "no"}, "distractors must be"),
     ({"max_turns": 1}, "max_turns must be"), ({"max_turns": 2.0}, "max_turns must be"),
+    ({"expert_error": 1.5}, "expert_error must be"), ({"expert_error": True}, "expert_error must be"),
     ({"max_number": 10}, "max_number must be"), ({"max_number": 1000}, "max_number must be"),
     ({"max_number": True}, "max_number must be"),
 ])
