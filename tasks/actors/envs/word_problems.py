@@ -208,8 +208,6 @@ class WordProblems:
             raise ValueError(f"expert_error must be a share in [0, 1], got {expert_error!r}")
         self.two_step = float(two_step)
         self.expert_error = float(expert_error)
-        # The warm-up's protocol: an expert that loses on purpose is not a broken one.
-        self.expert_may_lose = self.expert_error > 0
         self.distractors = distractors
         self.max_turns = max_turns
         self.max_number = max_number
@@ -232,6 +230,11 @@ class WordProblems:
         self._answer = self._solve(prompt)[1]
         self._turns = 0
         return prompt + FORMAT
+
+    @property
+    def expert_may_lose(self) -> bool:
+        """The warm-up's protocol: an expert careless on purpose is not a broken one."""
+        return self.expert_error > 0
 
     def demonstration(self, prompt: str) -> list[str]:
         """An expert's actions for this prompt: one tool call, then its result as the answer.
