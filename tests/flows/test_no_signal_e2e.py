@@ -42,8 +42,9 @@ def test_a_run_without_learning_signal_stops_on_a_checkpoint_with_its_reason(pre
 def test_ctrl_c_while_the_learner_waits_for_signal_exits_within_ten_seconds(prefect_api, tmp_path):
     run_dir = tmp_path / "run"
     terminal = Terminal([TANDEM, "run", "specs/guess-number.yaml", *FLAT,
-                         "--set", "env.entrypoint=tests.support.flat_envs:AlwaysLoses", "--set", "learner.max_gen_batches=null",
-                         "--set", "learner.no_signal_s=null", "--set", f"checkpoint.dir={run_dir}"],
+                         "--set", "env.entrypoint=tests.support.flat_envs:AlwaysLoses",
+                         "--set", "learner.max_gen_batches=null", "--set", "learner.no_signal_s=null",
+                         "--set", f"checkpoint.dir={run_dir}"],
                         env={"XLA_FLAGS": "", "COLUMNS": "160", "PYTHONPATH": str(ROOT)})
     # Pressed once the learner says it waits (not after a fixed sleep: on a slow machine that
     # lands in start-up, a case of its own in test_signals_e2e).
