@@ -37,9 +37,12 @@ import numpy as np
 from harness import ROOT, emit
 from learner.config import ModelConfig
 
-SIDES = {"tandem": (sys.executable, "benchmarks/beside/tandem_side.py"),
-         "transformers": (sys.executable, "benchmarks/beside/transformers_side.py"),
-         "tunix": (str(ROOT / ".venv-tunix" / "bin" / "python"), "benchmarks/beside/tunix_side.py")}
+# (python, script, extra arguments); `tandem-kv-bf16` is Tandem's engine with a bfloat16 KV
+# cache under the same float32 weights (`actors.kv_cache_dtype`): Tunix's cache follows its model's dtype.
+SIDES = {"tandem": (sys.executable, "benchmarks/beside/tandem_side.py", []),
+         "tandem-kv-bf16": (sys.executable, "benchmarks/beside/tandem_side.py", ["--kv-cache-dtype", "bfloat16"]),
+         "transformers": (sys.executable, "benchmarks/beside/transformers_side.py", []),
+         "tunix": (str(ROOT / ".venv-tunix" / "bin" / "python"), "benchmarks/beside/tunix_side.py", [])}
 
 
 def limits() -> dict:
@@ -62,10 +65,10 @@ def limits() -> dict:
 
 
 def side(system: str, model: Path, slots: int, context: int, new_tokens: int, repeats: int) -> dict:
-    python, script = SIDES[system]
+    python, script, extra = SIDES[system]
     if not Path(python).exists():
         return {"system": system, "error": f"{python} missing (make tunix-venv)"}
-    done = subprocess.run([python, script, "--part", "decode", "--model", str(model), "--slots", str(slots),
+    done = subprocess.run([python, script, *extra, "--part", "decode", "--model", str(model), "--slots", str(slots),
                            "--context", str(context),
                            "--new-tokens", str(new_tokens), "--repeats", str(repeats)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1_800)
@@ -78,7 +81,7 @@ def side(system: str, model: Path, slots: int, context: int, new_tokens: int, re
 def learner_side(system: str, model: Path, rows: int, length: int, steps: int) -> dict:
     """One GRPO train step's tokens/s on `rows` x `length` tokens, in a process of its own."""
     if system == "tunix":
-        python, script = SIDES["tunix"]
+        python, script, _ = SIDES["tunix"]
         if not Path(python).exists():
             return {"error": f"{python} missing (make tunix-venv)"}
         command = [python, script, "--part", "learner", "--model", str(model)]
@@ -169,13 +172,14 @@ def main() -> None:
         for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_gb"):
             row[key] = statistics.median(r[key] for r in good)
         weights, kv = weight_and_kv_bytes(next(m for m in args.models if m.name == name))
+        kv = good[0].get("kv_implied_bytes", 0) // (slots * (args.context + args.new_tokens)) or kv  # the cache run
         moved = row["decode_tokens_per_s"] / slots * (weights + slots * args.context * kv)
         row["bandwidth_share"] = moved / 1e9 / limit["bandwidth_gb_s"]
         rows.append(row)
     for row in rows:
         others = [r.get("decode_tokens_per_s", 0) for r in rows
-                  if (r["model"], r["slots"]) == (row["model"], row["slots"]) and r["system"] != "tandem"]
-        if row["system"] == "tandem" and any(others):
+                  if (r["model"], r["slots"]) == (row["model"], row["slots"]) and not r["system"].startswith("tandem")]
+        if row["system"].startswith("tandem") and any(others):
             row["tandem_x_faster_other"] = row["decode_tokens_per_s"] / max(others)
     if learner_runs:
         emit(f"GRPO train step on {args.learner_rows} x {args.learner_length} tokens, float32, "

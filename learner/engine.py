@@ -101,14 +101,17 @@ class Engine:
 
     def __init__(self, config: ModelConfig, *, slots: int, sampling: SamplingParams,
                  stop_ids: tuple[int, ...], check_every: int = 16, greedy: bool = False,
-                 prefill_tokens: int = 2048):
+                 prefill_tokens: int = 2048, kv_cache_dtype: str | None = None):
         """Args: config: the policy's model; slots: rows decoded together; sampling: how
         tokens are drawn; stop_ids: tokens that end a request (kept); check_every:
         decode steps between the points where followers switch to newer weights; greedy:
         the likeliest token instead of a draw (log-probs still under `sampling`), sharing
         the compiled decode of an engine that samples with `sampling` (an evaluation
         beside the actor in its process compiles nothing new); prefill_tokens: a power of
-        two, the most positions one prefill call runs (rows x length; module docstring)."""
+        two, the most positions one prefill call runs (rows x length; module docstring);
+        kv_cache_dtype: the cache's keys and values, "float32" or "bfloat16" (None: the
+        model's compute dtype). A bfloat16 cache under float32 weights halves the bytes a
+        decode step's attention reads, for keys and values rounded to 8 bits of mantissa."""
         if slots < 1 or check_every < 1:
             raise ValueError(f"slots ({slots}) and check_every ({check_every}) must be >= 1")
         if prefill_tokens < _MIN_PREFILL or prefill_tokens & (prefill_tokens - 1):
@@ -120,7 +123,9 @@ class Engine:
         self._greedy = jnp.asarray(greedy)
         self._extend = extend_fn(config)
         self._stops_v = jnp.asarray(np.isin(np.arange(config.vocab_size), stop_ids))
-        self._state = empty_slots(config, slots)
+        if kv_cache_dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f'kv_cache_dtype must be "float32", "bfloat16" or None, not {kv_cache_dtype!r}')
+        self._state = empty_slots(config, slots, kv_cache_dtype)
         self._rows: list[tuple[int, Request, np.ndarray] | None] = [None] * slots  # (id, request, key data)
         self._version_b = np.full(slots, -1)  # weights version of each slot's row; -1: free
         self._versions_bs = np.zeros((slots, config.max_len), np.int32)  # the version of each token

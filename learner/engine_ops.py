@@ -138,11 +138,11 @@ def _extend(extend: Extend, params: Params, state: Slots, token_b, live_b) -> Sl
     return dataclasses.replace(state, next_logits_bv=next_logits_bv, cache=cache)
 
 
-def empty_slots(config: ModelConfig, slots: int) -> Slots:
-    """Every slot free (done), holding a one-token row over an empty cache."""
+def empty_slots(config: ModelConfig, slots: int, cache_dtype: str | None = None) -> Slots:
+    """Every slot free (done), holding a one-token row over an empty cache (`init_cache`'s dtype)."""
     rows = Rows(tokens=jnp.zeros((slots, config.max_len), jnp.int32), lengths=jnp.ones(slots, jnp.int32),
                 first=jnp.ones(slots, jnp.int32), stop_at=jnp.ones(slots, jnp.int32),
                 keys=jnp.zeros((slots, 2), jnp.uint32))
     return Slots(rows=rows, logprobs_bs=jnp.zeros((slots, config.max_len), jnp.float32),
                  done_b=jnp.ones(slots, bool), next_logits_bv=jnp.zeros((slots, config.vocab_size), jnp.float32),
-                 cache=init_cache(config, slots, config.max_len))
+                 cache=init_cache(config, slots, config.max_len, cache_dtype))

@@ -153,7 +153,9 @@ class Attention(nnx.Module):
         cache = LayerCache(cache.k.at[rows, :, positions_bt].set(k.astype(cache.k.dtype), mode="drop"),
                            cache.v.at[rows, :, positions_bt].set(v.astype(cache.v.dtype), mode="drop"))
         mask_b1ts = cache_mask(positions_bt, cache.length)
-        out = cached_attention(q, cache.k.astype(q.dtype), cache.v.astype(q.dtype), mask_b1ts)
+        # The queries meet the cache in its dtype: upcasting a narrower cache would copy all
+        # of it every step, and reading it is what a decode step's attention costs.
+        out = cached_attention(q.astype(cache.k.dtype), cache.k, cache.v, mask_b1ts).astype(q.dtype)
         return self.o(out.reshape(*q.shape[:2], self.n_heads * self.head_dim)), cache
 
 
@@ -350,8 +352,7 @@ def _graphdef(config: ModelConfig) -> nnx.GraphDef:
     return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))[0]
 
 
-def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
-    """An empty cache of `length` slots per row, in the model's compute dtype."""
-    shape = (batch, config.n_kv_heads, length, config.head_dim)
-    return tuple(LayerCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
-                 for _ in range(config.n_layers))
+def init_cache(config: ModelConfig, batch: int, length: int, dtype: str | None = None) -> KVCache:
+    """An empty cache of `length` slots per row, in `dtype` (None: the model's compute dtype)."""
+    shape, dtype = (batch, config.n_kv_heads, length, config.head_dim), dtype or config.dtype
+    return tuple(LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(config.n_layers))

@@ -70,6 +70,10 @@ class ActorsConfig(Frozen):
     # cache, go on), finish (keep the old weights to the end), abort (drop the group).
     on_sync: Literal["retract", "finish", "abort"] = "retract"
     sync_check_tokens: PositiveInt = 16  # decoded tokens between checks of the published version
+    # The engine's KV cache: None holds it in the model's compute dtype; "bfloat16" under
+    # float32 weights halves its memory and what a decode step's attention reads (vLLM's
+    # `kv_cache_dtype`), the learner still scoring every token in float32.
+    kv_cache_dtype: Literal["float32", "bfloat16"] | None = None
 
     # A cluster class ("dask_jobqueue:SLURMCluster", "dask_kubernetes.operator:KubeCluster")
     # is built as Class(**cluster_kwargs) and scaled to `workers`.

@@ -75,6 +75,14 @@ def compiles(engine: Engine, slots: int, episodes: int, new_tokens: int, vocab: 
             "compiles": engine.compiles, "admitted": engine.admitted}
 
 
+def kv_bytes_per_position(config: ModelConfig, kv_cache_dtype: str | None) -> int:
+    """What the model's dtype implies for a cached position, or `kv_cache_dtype` if set."""
+    if kv_cache_dtype is None:
+        return config.kv_bytes_per_position
+    itemsize = {"float32": 4, "bfloat16": 2}
+    return config.kv_bytes_per_position // itemsize[config.dtype] * itemsize[kv_cache_dtype]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -83,13 +91,16 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--kv-cache-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="the engine's cache; default: the model's dtype")
     parser.add_argument("--part", choices=("decode", "memory", "compiles"), default="decode")
     parser.add_argument("--episodes", type=int, default=200)
     args = parser.parse_args()
     runtime_gb = peak_rss_gb("VmRSS")
     if args.part == "compiles":
         config = ModelConfig(init=args.model, max_len=args.context, dtype=args.dtype)
-        engine = Engine(config, slots=args.slots, sampling=SamplingParams(), stop_ids=())
+        engine = Engine(config, slots=args.slots, sampling=SamplingParams(), stop_ids=(),
+                    kv_cache_dtype=args.kv_cache_dtype)
         engine.load(0, load_params(config))
         first = compiles(engine, args.slots, args.episodes, args.new_tokens, 30_000)
         again = compiles(engine, args.slots, args.episodes, args.new_tokens, 30_000)
@@ -99,7 +110,8 @@ def main() -> None:
         return
     config = ModelConfig(init=args.model, max_len=args.context + args.new_tokens, dtype=args.dtype)
     params = jax.device_put(load_params(config))  # the host copy is freed before the cache exists
-    engine = Engine(config, slots=args.slots, sampling=SamplingParams(), stop_ids=())
+    engine = Engine(config, slots=args.slots, sampling=SamplingParams(), stop_ids=(),
+                    kv_cache_dtype=args.kv_cache_dtype)
     engine.load(0, params)
     rng = np.random.default_rng(0)
     prompts = rng.integers(10, min(config.vocab_size, 30_000), (args.slots, args.context)).astype(np.int32)
@@ -107,7 +119,7 @@ def main() -> None:
         started = time.perf_counter()
         run(engine, prompts, args.new_tokens, 0)
         held = engine.device_bytes
-        kv_implied = args.slots * config.max_len * config.kv_bytes_per_position
+        kv_implied = args.slots * config.max_len * kv_bytes_per_position(config, args.kv_cache_dtype)
         print(json.dumps({"system": "tandem", "part": "memory", "model": args.model, "dtype": args.dtype,
                           "slots": args.slots, "max_len": config.max_len, "seconds": round(time.perf_counter() - started, 1),
                           "kv_implied_bytes": kv_implied, **{f"{k}_bytes": v for k, v in held.items()},
@@ -121,7 +133,8 @@ def main() -> None:
     print(json.dumps({
         "system": "tandem", "jax_version": jax.__version__, "part": "decode", "model": args.model,
         "dtype": args.dtype, "slots": args.slots, "context": args.context, "new_tokens": args.new_tokens,
-        **timing, "kv_implied_bytes": args.slots * config.max_len * config.kv_bytes_per_position,
+        "kv_cache_dtype": args.kv_cache_dtype or args.dtype,
+        **timing, "kv_implied_bytes": args.slots * config.max_len * kv_bytes_per_position(config, args.kv_cache_dtype),
         **{f"{k}_bytes": v for k, v in engine.device_bytes.items()}, "compiles": engine.compiles,
         "how": "Engine.submit x slots, Engine.step until done; no stop ids"}))
 

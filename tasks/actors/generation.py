@@ -57,7 +57,8 @@ def actor_sampling(actors: ActorsConfig) -> SamplingParams:
 def make_engine(model: ModelConfig, actors: ActorsConfig) -> Engine:
     """The batched engine of an actor process, as the spec sets it."""
     return Engine(model, slots=actors.slots, stop_ids=make_tokenizer(model).stop_ids,
-                  sampling=actor_sampling(actors), check_every=actors.sync_check_tokens)
+                  sampling=actor_sampling(actors), check_every=actors.sync_check_tokens,
+                  kv_cache_dtype=actors.kv_cache_dtype)
 
 
 @contextlib.contextmanager

@@ -59,7 +59,8 @@ def play_eval(setup: EvalSetup, params_bytes: bytes, version: int) -> dict:
     use_compile_cache()
     tokenizer = make_tokenizer(setup.model)
     engine = Engine(setup.model, slots=setup.eval.slots or setup.actors.slots, sampling=setup.sampling,
-                    stop_ids=tokenizer.stop_ids, check_every=setup.actors.sync_check_tokens, greedy=setup.greedy)
+                    stop_ids=tokenizer.stop_ids, check_every=setup.actors.sync_check_tokens, greedy=setup.greedy,
+                    kv_cache_dtype=setup.actors.kv_cache_dtype)
     service = GenerationService(engine).start()
     service.load(version, params_from_bytes(params_bytes))
     try:

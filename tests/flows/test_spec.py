@@ -86,6 +86,13 @@ def test_overrides_are_yaml_and_validated():
         parse_spec("name: x\n", ["buffer.capacity"])
 
 
+def test_the_kv_cache_dtype_follows_the_model_unless_set():
+    assert parse_spec("name: x\n").actors.kv_cache_dtype is None
+    assert parse_spec("name: x\nactors: {kv_cache_dtype: bfloat16}\n").actors.kv_cache_dtype == "bfloat16"
+    assert _issues("name: x\nactors:\n  kv_cache_dtype: float16\n") == [
+        "actors.kv_cache_dtype (line 3): Input should be 'float32' or 'bfloat16'"]
+
+
 # --- Renamed fields: read under their old names, with a warning -----------------------
 
 OLD_NAME = "name: x\nactors:\n  workers: 2\n  actors: 4\n"  # actors.actors: now actors.groups_per_worker

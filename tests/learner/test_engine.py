@@ -21,8 +21,9 @@ def params():
     return init_params(CONFIG, seed=0), init_params(CONFIG, seed=1)
 
 
-def _engine(params, *, slots, stop_ids=(), check_every=16, config=CONFIG) -> Engine:
-    engine = Engine(config, slots=slots, sampling=SAMPLING, stop_ids=stop_ids, check_every=check_every)
+def _engine(params, *, slots, stop_ids=(), check_every=16, config=CONFIG, kv_cache_dtype=None) -> Engine:
+    engine = Engine(config, slots=slots, sampling=SAMPLING, stop_ids=stop_ids, check_every=check_every,
+                    kv_cache_dtype=kv_cache_dtype)
     engine.load(0, params)
     return engine
 
@@ -97,6 +98,20 @@ def test_logprobs_equal_a_full_forward(params):
         assert len(c.tokens) == request.max_new_tokens and np.all(c.versions == 0) and not c.newer
         np.testing.assert_allclose(c.logprobs, _full_forward_logprobs(params[0], request.tokens, c.tokens),
                                    atol=1e-5)
+
+
+def test_a_bfloat16_cache_under_float32_weights_keeps_the_log_probs_within_its_rounding(params):
+    engine = _engine(params[0], slots=SLOTS, kv_cache_dtype="bfloat16")
+    assert {str(x.dtype) for x in jax.tree.leaves(engine._state.cache)} == {"bfloat16"}
+    requests = _requests(6, seed=1)
+    gaps = []
+    for request, c in zip(requests, _run(engine, requests)):
+        assert len(c.tokens) == request.max_new_tokens
+        gaps.append(np.abs(c.logprobs - _full_forward_logprobs(params[0], request.tokens, c.tokens)))
+    gaps = np.concatenate(gaps)
+    # Keys and values rounded to bfloat16 (8 bits of mantissa) moved a log-prob by at most
+    # 8e-4 here: more than a float32 cache's 1e-5, and no more than a rounding does.
+    assert 1e-5 < gaps.max() < 5e-3, gaps.max()
 
 
 def test_greedy_sampling_takes_the_full_forward_argmax(params):
@@ -408,14 +423,17 @@ def test_bad_requests_and_versions_raise(params):
     engine.load(2, params[0])  # the same version again: nothing to do
     with pytest.raises(ValueError, match="older"):
         engine.load(1, params[1])
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        Engine(CONFIG, slots=1, sampling=SAMPLING, stop_ids=(), kv_cache_dtype="float16")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_kv_cache_is_what_its_shape_says(dtype):
+@pytest.mark.parametrize("dtype, kv_cache_dtype", [("float32", None), ("bfloat16", None), ("float32", "bfloat16")])
+def test_the_kv_cache_is_what_its_shape_says(dtype, kv_cache_dtype):
     config = CONFIG.model_copy(update={"n_layers": 2, "dtype": dtype})
-    engine = Engine(config, slots=3, sampling=SAMPLING, stop_ids=())
+    engine = Engine(config, slots=3, sampling=SAMPLING, stop_ids=(), kv_cache_dtype=kv_cache_dtype)
     assert config.kv_bytes_per_position == 2 * 2 * 1 * 16 * (4 if dtype == "float32" else 2)
-    assert engine.device_bytes["kv_cache"] == 3 * 16 * config.kv_bytes_per_position
+    itemsize = 2 if "bfloat16" in (dtype, kv_cache_dtype) else 4
+    assert engine.device_bytes["kv_cache"] == 3 * 16 * 2 * 2 * 1 * 16 * itemsize
     assert engine.device_bytes["slots"] > engine.device_bytes["kv_cache"] and engine.device_bytes["weights"] == 0
     engine.load(0, init_params(config, 0))
     assert engine.device_bytes["weights"] == sum(x.size * 4 for x in jax.tree.leaves(init_params(config, 0)))
