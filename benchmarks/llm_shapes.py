@@ -123,10 +123,11 @@ def learner_rows(runs: dict[tuple, list[dict]]) -> list[dict]:
     return rows
 
 
-def weight_and_kv_bytes(model: Path) -> tuple[int, int]:
-    """Bytes of the weights (float32) and of one cached position's keys and values."""
+def weight_and_kv_bytes(model: Path, cache_dtype: str | None = None) -> tuple[int, int]:
+    """Bytes of the weights (float32) and of one cached position's keys and values (in
+    `cache_dtype`, as the run reports it; None: the model's dtype)."""
     weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
-    return weights, ModelConfig(init=str(model)).kv_bytes_per_position
+    return weights, ModelConfig(init=str(model)).kv_bytes_per_position(cache_dtype)
 
 
 def main() -> None:
@@ -171,8 +172,7 @@ def main() -> None:
             continue
         for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_gb"):
             row[key] = statistics.median(r[key] for r in good)
-        weights, kv = weight_and_kv_bytes(next(m for m in args.models if m.name == name))
-        kv = good[0].get("kv_implied_bytes", 0) // (slots * (args.context + args.new_tokens)) or kv  # the cache run
+        weights, kv = weight_and_kv_bytes(next(m for m in args.models if m.name == name), good[0].get("kv_cache_dtype"))
         moved = row["decode_tokens_per_s"] / slots * (weights + slots * args.context * kv)
         row["bandwidth_share"] = moved / 1e9 / limit["bandwidth_gb_s"]
         rows.append(row)

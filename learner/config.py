@@ -110,10 +110,10 @@ class ModelConfig(Frozen):
     def vocab_size(self) -> int:
         return self.vocab if self.vocab is not None else 3 + len(self.tokenizer.alphabet)
 
-    @property
-    def kv_bytes_per_position(self) -> int:
-        """Bytes of keys and values one cached position holds, over all layers (`dtype`)."""
-        itemsize = 4 if self.dtype == "float32" else 2
+    def kv_bytes_per_position(self, cache_dtype: str | None = None) -> int:
+        """Bytes of keys and values one cached position holds, over all layers, in
+        `cache_dtype` (None: the model's `dtype`, as the engine's cache is by default)."""
+        itemsize = 4 if (cache_dtype or self.dtype) == "float32" else 2
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * itemsize
 
 

@@ -75,14 +75,6 @@ def compiles(engine: Engine, slots: int, episodes: int, new_tokens: int, vocab: 
             "compiles": engine.compiles, "admitted": engine.admitted}
 
 
-def kv_bytes_per_position(config: ModelConfig, kv_cache_dtype: str | None) -> int:
-    """What the model's dtype implies for a cached position, or `kv_cache_dtype` if set."""
-    if kv_cache_dtype is None:
-        return config.kv_bytes_per_position
-    itemsize = {"float32": 4, "bfloat16": 2}
-    return config.kv_bytes_per_position // itemsize[config.dtype] * itemsize[kv_cache_dtype]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -100,7 +92,7 @@ def main() -> None:
     if args.part == "compiles":
         config = ModelConfig(init=args.model, max_len=args.context, dtype=args.dtype)
         engine = Engine(config, slots=args.slots, sampling=SamplingParams(), stop_ids=(),
-                    kv_cache_dtype=args.kv_cache_dtype)
+                        kv_cache_dtype=args.kv_cache_dtype)
         engine.load(0, load_params(config))
         first = compiles(engine, args.slots, args.episodes, args.new_tokens, 30_000)
         again = compiles(engine, args.slots, args.episodes, args.new_tokens, 30_000)
@@ -119,7 +111,7 @@ def main() -> None:
         started = time.perf_counter()
         run(engine, prompts, args.new_tokens, 0)
         held = engine.device_bytes
-        kv_implied = args.slots * config.max_len * kv_bytes_per_position(config, args.kv_cache_dtype)
+        kv_implied = args.slots * config.max_len * config.kv_bytes_per_position(args.kv_cache_dtype)
         print(json.dumps({"system": "tandem", "part": "memory", "model": args.model, "dtype": args.dtype,
                           "slots": args.slots, "max_len": config.max_len, "seconds": round(time.perf_counter() - started, 1),
                           "kv_implied_bytes": kv_implied, **{f"{k}_bytes": v for k, v in held.items()},
@@ -134,7 +126,7 @@ def main() -> None:
         "system": "tandem", "jax_version": jax.__version__, "part": "decode", "model": args.model,
         "dtype": args.dtype, "slots": args.slots, "context": args.context, "new_tokens": args.new_tokens,
         "kv_cache_dtype": args.kv_cache_dtype or args.dtype,
-        **timing, "kv_implied_bytes": args.slots * config.max_len * kv_bytes_per_position(config, args.kv_cache_dtype),
+        **timing, "kv_implied_bytes": args.slots * config.max_len * config.kv_bytes_per_position(args.kv_cache_dtype),
         **{f"{k}_bytes": v for k, v in engine.device_bytes.items()}, "compiles": engine.compiles,
         "how": "Engine.submit x slots, Engine.step until done; no stop ids"}))
 

@@ -431,8 +431,9 @@ def test_bad_requests_and_versions_raise(params):
 def test_the_kv_cache_is_what_its_shape_says(dtype, kv_cache_dtype):
     config = CONFIG.model_copy(update={"n_layers": 2, "dtype": dtype})
     engine = Engine(config, slots=3, sampling=SAMPLING, stop_ids=(), kv_cache_dtype=kv_cache_dtype)
-    assert config.kv_bytes_per_position == 2 * 2 * 1 * 16 * (4 if dtype == "float32" else 2)
+    assert config.kv_bytes_per_position() == 2 * 2 * 1 * 16 * (4 if dtype == "float32" else 2)
     itemsize = 2 if "bfloat16" in (dtype, kv_cache_dtype) else 4
+    assert config.kv_bytes_per_position(kv_cache_dtype) == 2 * 2 * 1 * 16 * itemsize
     assert engine.device_bytes["kv_cache"] == 3 * 16 * 2 * 2 * 1 * 16 * itemsize
     assert engine.device_bytes["slots"] > engine.device_bytes["kv_cache"] and engine.device_bytes["weights"] == 0
     engine.load(0, init_params(config, 0))
