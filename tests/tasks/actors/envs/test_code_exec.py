@@ -44,8 +44,8 @@ def test_errors_limits_and_long_outputs_show_as_bang():
     assert play(env, "target=0", ["-3", "0"])[0] == ["0", "-3", ""]
 
 
-def test_pure_arithmetic_runs_once(monkeypatch):
-    env, runs = CodeExec(), []
+def test_pure_arithmetic_runs_once_per_process(monkeypatch):
+    runs = []
     real = sandbox.run_async
 
     async def counting(code, limits):
@@ -53,8 +53,21 @@ def test_pure_arithmetic_runs_once(monkeypatch):
         return await real(code, limits)
 
     monkeypatch.setattr(code_exec.sandbox, "run_async", counting)
-    play(env, "target=5", ["2+2", "2+2", "4+1"])
+    monkeypatch.setattr(code_exec, "_OUTPUTS", {})
+    play(CodeExec(), "target=5", ["2+2", "2+2", "4+1"])
     assert runs == ["print(2+2)\n", "print(4+1)\n"]
+    # Another environment of the process reuses those outputs; other limits, or a program
+    # that is not pure arithmetic (a syntax error here), run again.
+    assert play(CodeExec(attempts=4), "target=4", ["4+1", "-!", "-!", "2+2"]) == (["4", "5", "!", "!", ""], 1.0, True)
+    assert play(CodeExec(limits={"wall_s": 3.0}), "target=5", ["4+1"])[2]
+    assert runs == ["print(2+2)\n", "print(4+1)\n", "print(-!)\n", "print(-!)\n", "print(4+1)\n"]
+
+
+def test_outputs_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(code_exec, "_OUTPUTS", {})
+    monkeypatch.setattr(code_exec, "_OUTPUTS_MAX", 1)
+    play(CodeExec(), "target=5", ["2+2", "4+1"])
+    assert list(code_exec._OUTPUTS) == [("2+2", CodeExec().limits)]
 
 
 @pytest.mark.parametrize("kwargs, message", [
