@@ -203,9 +203,10 @@ class _Actor:
     async def _loaded(self, version: int) -> None:
         """Waits until the engine has been handed `version` (or a newer one): a prompt is
         played with the weights it was dispatched at, at the oldest, which is what
-        synchronous mode and admission control count on. The follower polls every 50 ms."""
+        synchronous mode and admission control count on. The follower polls every 50 ms;
+        one whose poll is stuck fails the actor, naming where, instead of a wait without end."""
         while self.follower.latest[0] < version:
-            self.follower.raise_if_failed()
+            self.follower.raise_if_stuck()
             await asyncio.sleep(0.005)
 
     async def _flush_every(self, seconds: float) -> None:

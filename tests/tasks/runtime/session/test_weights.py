@@ -2,12 +2,13 @@
 transport stands for the network) and over a real Dask cluster with the learner's weight
 server (one fetch per version per worker process, failures surfaced to the learner)."""
 
+import socket
 import threading
 import time
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster, get_client
+from distributed import Client, LocalCluster, Variable, get_client
 
 from tasks.actors.weights import WeightFollower
 from tasks.buffer.channels import Channels
@@ -125,6 +126,23 @@ def test_published_versions_reach_a_follower_over_the_learners_server(client):
     assert seen == [(3, [3.0] * 4), (4, [4.0] * 4)]  # each version once, in order
     follower.stop()
     source.stop()
+
+
+def test_a_stuck_poll_is_raised_naming_where_it_waits(client):
+    """A learner that accepts the fetch and never answers: an actor waiting for a version
+    is told, with the follower's stack, instead of waiting for ever."""
+    channels = Channels("stuck")
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connections queue, never answered
+        Variable(channels.weights_version, client=client).set(
+            {"version": 1, "url": f"http://127.0.0.1:{silent.getsockname()[1]}/v1"})
+        follower, seen = follow(channels, client)
+        follower.raise_if_stuck(stuck_s=0.5)  # a poll in progress, not yet overdue
+        time.sleep(1.0)
+        where = r"its thread waits in _run \(weights.py:\d+\) -> _fetch \(weights.py:\d+\) -> urlopen .* -> readinto"
+        with pytest.raises(RuntimeError, match=r"has not returned in 1s \(latest version loaded: None\); " + where):
+            follower.raise_if_stuck(stuck_s=0.5)
+    follower.stop()  # the server gone, the fetch fails and the thread ends
+    assert seen == []
 
 
 def _kill_worker():
