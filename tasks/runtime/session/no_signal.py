@@ -118,5 +118,9 @@ def describe(no_signal: NoSignal, last: StepRecord | None, config: LearnerConfig
         state = "deterministic" if entropy < ENTROPY_WARN else "uncertain"
         success = f" at {last.success_rate:.0%} success" if last.success_rate is not None else ""
         line += f"; entropy {entropy:.3f}: the policy is {state}{success}"
+    if sum(no_signal.excluded.values()) < config.batch_groups:
+        # A filter drops groups that arrive; this few in the whole wait means few arrived.
+        line += (f"; fewer groups than one batch ({config.batch_groups}) finished in all that time: the actors "
+                 "delivered almost nothing (stalled or very slow), whatever became of what they did")
     bounds = f"learner.max_gen_batches {config.max_gen_batches}, learner.no_signal_s {config.no_signal_s}"
     return f"{line} ({bounds})"

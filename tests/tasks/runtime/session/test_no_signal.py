@@ -80,6 +80,14 @@ def test_the_message_names_the_cause_and_the_policy_s_state():
     assert "learner.max_gen_batches 16" in line
 
 
+def test_a_wait_that_few_groups_ended_says_the_actors_delivered_almost_nothing():
+    """As a code-exec run whose actor stalled: 8 groups in 300 s, against batches of 16."""
+    few = describe(NoSignal({"filtered": 8}, {}, 300), Last(), LearnerConfig(batch_groups=16))
+    assert "fewer groups than one batch (16) finished in all that time: the actors delivered almost nothing" in few
+    many = describe(NoSignal({"filtered": 16}, {}, 300), Last(), LearnerConfig(batch_groups=16))
+    assert "fewer groups" not in many
+
+
 def test_an_aborted_cause_quotes_its_first_detail():
     error = NoSignal({"aborted": 64}, {"aborted": "episode longer than the context window (model.max_len=16)"}, 3)
     line = describe(error, None, LearnerConfig())
