@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from learner.config import ModelConfig
-from learner.model import apply_rope, forward_fn, init_params
+from learner import model as model_lib
+from learner.model import apply_rope, cached_attention, forward_fn, init_params
 
 CONFIG = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64)
 
@@ -127,3 +128,20 @@ def test_rope_makes_attention_scores_depend_on_relative_position_only():
 
     assert score(5, 2) == pytest.approx(score(13, 10), rel=1e-4)
     assert score(5, 2) != pytest.approx(score(5, 4), rel=1e-4)
+
+
+def test_cached_attention_row_by_row_equals_one_batched_product_and_jax_s_attention():
+    """On CPU the rows go one at a time (`lax.map`); the values are the batched product's and
+    those of `jax.nn.dot_product_attention` over the same keys (grouped heads, a mask)."""
+    b, t, h, k, s, d = 3, 2, 6, 2, 10, 8
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (b, t, h, d))
+    k_bksd, v_bksd = (jax.random.normal(key, (b, k, s, d)) for key in keys[1:])
+    positions = jnp.array([[3, 4], [8, 9], [0, 1]])
+    mask = jnp.arange(s)[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S]
+    rows = jax.jit(cached_attention)(q, k_bksd, v_bksd, mask)
+    batched = jax.jit(model_lib._attention)(q, k_bksd, v_bksd, mask)
+    expected = jax.nn.dot_product_attention(q, k_bksd.transpose(0, 2, 1, 3), v_bksd.transpose(0, 2, 1, 3), mask=mask)
+    assert "while" in jax.jit(cached_attention).lower(q, k_bksd, v_bksd, mask).as_text()  # one row at a time here
+    np.testing.assert_allclose(rows, batched, atol=1e-6)
+    np.testing.assert_allclose(rows, expected, atol=1e-5)
