@@ -130,7 +130,7 @@ def test_rope_makes_attention_scores_depend_on_relative_position_only():
     assert score(5, 2) != pytest.approx(score(5, 4), rel=1e-4)
 
 
-def test_cached_attention_row_by_row_equals_one_batched_product_and_jax_s_attention():
+def test_cached_attention_row_by_row_equals_one_batched_product_and_jax_s_attention(monkeypatch):
     """On CPU the rows go one at a time (`lax.map`); the values are the batched product's and
     those of `jax.nn.dot_product_attention` over the same keys (grouped heads, a mask)."""
     b, t, h, k, s, d = 3, 2, 6, 2, 10, 8
@@ -139,9 +139,13 @@ def test_cached_attention_row_by_row_equals_one_batched_product_and_jax_s_attent
     k_bksd, v_bksd = (jax.random.normal(key, (b, k, s, d)) for key in keys[1:])
     positions = jnp.array([[3, 4], [8, 9], [0, 1]])
     mask = jnp.arange(s)[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S]
+    monkeypatch.setattr(model_lib, "_ROWS_FROM_BYTES", 0)  # this small cache would stay batched
     rows = jax.jit(cached_attention)(q, k_bksd, v_bksd, mask)
     batched = jax.jit(model_lib._attention)(q, k_bksd, v_bksd, mask)
     expected = jax.nn.dot_product_attention(q, k_bksd.transpose(0, 2, 1, 3), v_bksd.transpose(0, 2, 1, 3), mask=mask)
     assert "while" in jax.jit(cached_attention).lower(q, k_bksd, v_bksd, mask).as_text()  # one row at a time here
     np.testing.assert_allclose(rows, batched, atol=1e-6)
     np.testing.assert_allclose(rows, expected, atol=1e-5)
+    monkeypatch.setattr(model_lib, "_ROWS_FROM_BYTES", 4 << 20)
+    lowered = jax.jit(lambda *args: cached_attention(*args)).lower(q, k_bksd, v_bksd, mask)  # traced anew
+    assert "while" not in lowered.as_text()  # a small cache: one batched product
