@@ -22,10 +22,12 @@ from tasks.background import Background
 from tasks.buffer.channels import Channels
 
 FETCH_TIMEOUT_S = 60.0  # one version's bytes from the learner
+VERSION_TIMEOUT_S = 30.0  # one wait on the scheduler for the published version
 POLL_S = 0.05
-# A poll waits at most 30 s on the scheduler and its fetch's socket at most FETCH_TIMEOUT_S
-# at a time: one that has not returned after this long is stuck, and an actor waiting for a
-# version would wait for ever, its groups in flight, saying nothing (`raise_if_stuck`).
+# A poll waits at most VERSION_TIMEOUT_S on the scheduler and its fetch's socket at most
+# FETCH_TIMEOUT_S at a time: one that has not returned after this long is stuck, and an
+# actor waiting for a version would wait for ever, its groups in flight, saying nothing
+# (`raise_if_stuck`).
 STUCK_S = 120.0
 
 
@@ -66,7 +68,7 @@ class WeightFollower(Background):
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            published = self._variable.get(timeout=30.0)
+            published = self._variable.get(timeout=VERSION_TIMEOUT_S)
             data = None
             if self.latest is None or published["version"] != self.latest[0]:
                 data = _fetch(published["url"])  # None: superseded meanwhile; the next poll finds its successor
