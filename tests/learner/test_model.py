@@ -5,7 +5,7 @@ import pytest
 
 from learner.config import ModelConfig
 from learner import model as model_lib
-from learner.model import apply_rope, cached_attention, forward_fn, init_params
+from learner.model import apply_rope, attention_mask, cached_attention, causal_attention, forward_fn, init_params
 
 CONFIG = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64)
 
@@ -149,3 +149,30 @@ def test_cached_attention_row_by_row_equals_one_batched_product_and_jax_s_attent
     monkeypatch.setattr(model_lib, "_ROWS_FROM_BYTES", 4 << 20)
     lowered = jax.jit(lambda *args: cached_attention(*args)).lower(q, k_bksd, v_bksd, mask)  # traced anew
     assert "while" not in lowered.as_text()  # a small cache: one batched product
+
+
+def test_causal_attention_in_chunks_equals_jax_s_attention_over_the_whole_row():
+    """Over a row longer than two chunks (the last one short), packed sequences and padding:
+    the values and gradients of `jax.nn.dot_product_attention`'s full square, wherever a
+    token is real (padding queries see nothing and are read by nothing)."""
+    b, length, h, k, d = 2, 2 * model_lib._QUERY_CHUNK + 44, 6, 2, 8
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (b, length, h, d))
+    k_blkd, v_blkd = (jax.random.normal(key, (b, length, k, d)) for key in keys[1:3])
+    segments = np.ones((b, length), np.int32)
+    segments[0, 100:] = 2  # a second sequence across the first chunk's end
+    segments[1, -30:] = 0  # padding
+    mask = attention_mask(jnp.asarray(segments))
+    real = jnp.asarray(segments != 0)[:, :, None, None]
+    cotangent = jax.random.normal(keys[3], q.shape) * real
+
+    def both(attend):
+        fn = lambda q, k, v: attend(q, k, v, mask)
+        return fn(q, k_blkd, v_blkd), jax.grad(lambda *x: jnp.sum(fn(*x) * cotangent), argnums=(0, 1, 2))(q, k_blkd, v_blkd)
+
+    (out, grads), (want, want_grads) = both(jax.jit(causal_attention)), both(
+        lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m))
+    np.testing.assert_allclose(out * real, want * real, atol=1e-5)
+    for grad, want_grad in zip(grads, want_grads):
+        np.testing.assert_allclose(grad, want_grad, atol=1e-5)
+    assert jax.jit(causal_attention).lower(q, k_blkd, v_blkd, mask).as_text().count("dot_general") == 2 * 3  # 3 chunks
