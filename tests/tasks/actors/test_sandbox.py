@@ -163,9 +163,9 @@ def test_printing_without_end_stops_at_the_output_cap():
 
 def test_wall_timeout_kills_every_process_of_the_run():
     code = PRINT_NS + "import subprocess, time\nsubprocess.Popen(['sleep', '30'])\nos.setsid()\ntime.sleep(30)"
-    result = sandbox.run(code, Limits(wall_s=0.5))
+    result, returned = sandbox.run(code, Limits(wall_s=0.5)), _now()
     assert result.timed_out and result.killed_reason == "wall" and result.exit == -signal.SIGKILL
-    assert _processes_in(result.stdout.split()[0]) == []
+    assert _processes_in(result.stdout.split()[0], returned) == []
 
 
 def test_no_process_outlives_its_run():
@@ -178,9 +178,9 @@ def test_no_process_outlives_its_run():
             os._exit(0)
         os.wait()
     """)
-    result = sandbox.run(code, Limits(wall_s=10))
+    result, returned = sandbox.run(code, Limits(wall_s=10)), _now()
     assert result.ok
-    assert _processes_in(result.stdout.split()[0]) == []
+    assert _processes_in(result.stdout.split()[0], returned) == []
 
 
 def test_a_fork_bomb_is_contained(tree_limits):
@@ -207,10 +207,10 @@ def test_a_fork_bomb_is_contained(tree_limits):
         sys.exit(grow(0))
     """)
     started = time.monotonic()
-    result = sandbox.run(code, Limits(wall_s=10))
+    result, returned = sandbox.run(code, Limits(wall_s=10)), _now()
     assert Limits().processes == 16 and result.killed_reason == "processes" and result.exit == 1 and not result.timed_out
     assert "BlockingIOError" in result.stderr and time.monotonic() - started < 5
-    assert _processes_in(result.stdout.split()[0]) == []
+    assert _processes_in(result.stdout.split()[0], returned) == []
 
 
 def test_the_process_limit_is_exact(tree_limits):
@@ -243,7 +243,7 @@ def test_one_run_cannot_see_or_touch_another():
         print(released)
     """)
     first = []
-    thread = threading.Thread(target=lambda: first.append(sandbox.run(first_code, Limits(wall_s=60))))
+    thread = threading.Thread(target=lambda: first.append((sandbox.run(first_code, Limits(wall_s=60)), _now())))
     thread.start()
     try:
         _wait_for_processes(marker, 1, "the first run, its secret written")
@@ -261,8 +261,9 @@ def test_one_run_cannot_see_or_touch_another():
     assert seen["kills"] == {str(os.getpid()): "ProcessLookupError", str(os.getppid()): "ProcessLookupError",
                              "1": "PermissionError" if os.geteuid() == 0 else "may"}
     # Released by the test: it ran all through the second run.
-    assert first[0].stdout.splitlines()[1:] == ["mine ['main.py', 'secret-of-the-first']", "True"]
-    assert _processes_in(first[0].stdout.split()[0]) == []
+    (first, returned), = first
+    assert first.stdout.splitlines()[1:] == ["mine ['main.py', 'secret-of-the-first']", "True"]
+    assert _processes_in(first.stdout.split()[0], returned) == []
 
 
 def test_non_root_mode_is_as_strict():
@@ -275,7 +276,7 @@ def test_non_root_mode_is_as_strict():
     home = tempfile.mkdtemp()
     try:
         os.chown(home, UNPRIVILEGED, UNPRIVILEGED)
-        harness = "import json, os, signal, socket, sys, textwrap\n" + inspect.getsource(_probe_code) \
+        harness = "import json, os, signal, socket, sys, textwrap, time\n" + inspect.getsource(_probe_code) \
             + inspect.getsource(_unix_listeners) + textwrap.dedent(f"""\
             sys.path.insert(0, {ROOT!r})
             from tasks.actors import sandbox
@@ -292,10 +293,12 @@ def test_non_root_mode_is_as_strict():
                 print(json.dumps(dict(unavailable=str(e))))
                 sys.exit()
             bomb = sandbox.run({PRINT_NS!r} + "for _ in range(7):\\n    os.fork()", Limits(processes=8))
+            bomb_returned = time.clock_gettime(time.CLOCK_BOOTTIME)
             memory = sandbox.run("import os, time\\nfor _ in range(3):\\n    os.fork()\\n"
                                  "x = bytearray(40 << 20)\\ntime.sleep(2)", Limits(memory_mb=128, wall_s=10))
             print(json.dumps(dict(uid=os.getuid(), probe=json.loads(probe.stdout), bomb=bomb.killed_reason,
-                                  bomb_ns=bomb.stdout.split()[0], memory=memory.killed_reason)))
+                                  bomb_ns=bomb.stdout.split()[0], bomb_returned=bomb_returned,
+                                  memory=memory.killed_reason)))
         """)
         done = subprocess.run([_system_python(), "-c", harness], user=UNPRIVILEGED, group=UNPRIVILEGED,
                               extra_groups=[], cwd=home, capture_output=True, text=True, timeout=40)
@@ -305,7 +308,7 @@ def test_non_root_mode_is_as_strict():
             pytest.skip(f"no non-root sandbox here: {report['unavailable']}")
         assert report["uid"] == UNPRIVILEGED
         _assert_out_of_reach(report["probe"])
-        assert report["bomb"] == "processes" and _processes_in(report["bomb_ns"]) == []
+        assert report["bomb"] == "processes" and _processes_in(report["bomb_ns"], report["bomb_returned"]) == []
         assert report["memory"] == "memory"  # 8 x 40 MB: each fits, together they do not
     finally:
         subprocess.run(["rm", "-rf", home])
@@ -478,15 +481,25 @@ def _processes_named(comm: str) -> list:
     return found
 
 
-def _processes_in(pid_namespace: str) -> list:
-    """The live processes (zombies are gone) in a PID namespace, e.g. 'pid:[4026532180]'."""
+def _processes_in(pid_namespace: str, started_by: float) -> list:
+    """The live processes (zombies are gone) in a PID namespace, e.g. 'pid:[4026532180]',
+    that had started by `started_by` (CLOCK_BOOTTIME seconds, taken when the run returned).
+
+    A gone namespace's number is free for the next one: under `pytest -n 2` another
+    test's run may hold it by the time this looks, with processes started after ours ended.
+    """
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.readlink(f"/proc/{pid}/ns/pid") == pid_namespace:
                 with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rpartition(")")[2].split()[0] != "Z":
-                        found.append(int(pid))
+                    fields = f.read().rpartition(")")[2].split()  # from the state on: start time is the 20th
+                if fields[0] != "Z" and int(fields[19]) / os.sysconf("SC_CLK_TCK") <= started_by:
+                    found.append(int(pid))
         except OSError:
             continue
     return found
+
+
+def _now() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
