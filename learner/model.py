@@ -168,8 +168,8 @@ def causal_attention(q_blhd: jax.Array, k_blkd: jax.Array, v_blkd: jax.Array, ma
     batch (12 heads over 4) this was 2.6x faster, forward and backward, than
     `jax.nn.dot_product_attention` over the whole square (171 against 450 ms a layer;
     at 2,048 tokens 665 against 1,586 ms), 128 queries a chunk (64 and 256 were no
-    faster; `benchmarks/llm_shapes.py`). The chunks are unrolled: a row of L tokens
-    traces L / 128 products a layer.
+    faster; BENCHMARKS.md (t)). The chunks are unrolled: a row of L tokens traces
+    L / 128 products a layer, and the step compiles longer (13.6 against 6.7 s there).
 
     Args:
       q_blhd: [B, L, H, D] queries; H = K x G, query head h reads key head h // G.
