@@ -56,7 +56,8 @@ def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
 # The gradient written out, one elementwise pass over the logits: g (onehot - softmax).
 # Differentiated automatically, the pick's transpose scatters into a zeroed [B, L, V]
 # and the log-softmax's adds a pass over it: on a 2 x 1,024-token batch over a 32,768-id
-# vocabulary the loss's head took 3.1 s forward and backward that way, 2.5 s this way.
+# vocabulary the loss's head took 3.1 s forward and backward that way, 2.5 s this way
+# (BENCHMARKS.md (t)).
 @jax.custom_vjp
 def _picked_log_softmax(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return _picked_log_softmax_fwd(logits, targets)[0]
