@@ -60,6 +60,7 @@ STOPPED_AT_ONCE = {"stopped": "at once"}  # the result of a learner terminated (
 AT_ONCE_S = 5.0  # a learner told to stop at once and still running after this (in a compile, say) is killed
 EARLY_S = 1.0  # the same, told before its first step: it has nothing to write, and the run's start-up waits
 ORPHAN_S = 3.0  # a local learner whose parent has gone and still running after this is ended
+PASS_ON_S = 0.02  # how often a stop asked of the task is looked for (`_StopRelay`)
 
 
 def run_dir_locked(run_dir: Path) -> bool:
@@ -182,47 +183,85 @@ def _stop_actors(scheduler_address: str, channels: Channels, spec: RunSpec, log,
 
 
 def _relay(events, processes: LearnerProcesses, log, spec: RunSpec, stop, records: TaskRecords) -> dict | None:
-    """Forwards the process's events until it reports its result or dies, passing a stop on
-    (`_pass_on`); a learner stopped at once that is still running after its grace is given
-    up on, and killed."""
-    progress, terminated = None, None
-    while True:
-        records.collect()
-        terminated = terminated or _pass_on(processes, stop, stepped=progress is not None)
-        if terminated is not None and terminated.overdue():
-            return terminated.result()
-        if (event := events.get(timeout_s=0.2)) is None:
-            if events.gone or processes.failed():  # gone: its end of the pipe closed, maybe mid-message
-                return terminated.result() if terminated else None
-            continue
-        kind, payload = event
-        if kind == "log":
-            level, message, routine = payload
-            getattr(log, level)(message, extra=ROUTINE if routine else None)
-        elif kind == "version":
-            records.version(payload)
-        elif kind == "eval":
-            records.evaluate(payload)
-        elif kind == "progress":
-            if progress is None:
-                progress = ProgressRecord(run_name=spec.name, step=payload.step, version=payload.version,
-                                          total_steps=spec.learner.steps)
-            progress.update(payload.step, payload.version)
-            PROGRESS_FEED.publish(payload)
-        elif kind == "done":
-            reason = StopReason(payload["stopped"])
-            log.info(f"{reason.phrase} at step {payload['step']}, version {payload['version']}: {payload['message']}")
-            if progress is not None:
-                progress.finish(payload["step"], payload["version"], reason.phrase.lower(),
-                                complete=reason != StopReason.INTERRUPTED)
-            if reason != StopReason.INTERRUPTED:
-                records.collect(wait_s=records.last_wait_s)
-            return payload
-        elif kind == "error":
-            if terminated:
+    """Forwards the process's events until it reports its result or dies, while `_StopRelay`
+    passes a stop on; a learner stopped at once that is still running after its grace is
+    given up on, and killed."""
+    progress = None
+    with _StopRelay(processes, stop) as stopping:
+        while True:
+            records.collect()
+            terminated = stopping.passed_on()
+            if terminated is not None and terminated.overdue():
                 return terminated.result()
-            message, unrecoverable = payload
-            raise (LearnerFailedUnrecoverably if unrecoverable else LearnerFailed)(message)
+            if (event := events.get(timeout_s=0.2)) is None:
+                if events.gone or processes.failed():  # gone: its end of the pipe closed, maybe mid-message
+                    return terminated.result() if terminated else None
+                continue
+            kind, payload = event
+            if kind == "log":
+                level, message, routine = payload
+                getattr(log, level)(message, extra=ROUTINE if routine else None)
+            elif kind == "version":
+                records.version(payload)
+            elif kind == "eval":
+                records.evaluate(payload)
+            elif kind == "progress":
+                if progress is None:
+                    progress = ProgressRecord(run_name=spec.name, step=payload.step, version=payload.version,
+                                              total_steps=spec.learner.steps)
+                    stopping.stepped = True
+                progress.update(payload.step, payload.version)
+                PROGRESS_FEED.publish(payload)
+            elif kind == "done":
+                reason = StopReason(payload["stopped"])
+                log.info(f"{reason.phrase} at step {payload['step']}, version {payload['version']}: {payload['message']}")
+                if progress is not None:
+                    progress.finish(payload["step"], payload["version"], reason.phrase.lower(),
+                                    complete=reason != StopReason.INTERRUPTED)
+                if reason != StopReason.INTERRUPTED:
+                    records.collect(wait_s=records.last_wait_s)
+                return payload
+            elif kind == "error":
+                if stopping.terminated:
+                    return stopping.terminated.result()
+                message, unrecoverable = payload
+                raise (LearnerFailedUnrecoverably if unrecoverable else LearnerFailed)(message)
+
+
+class _StopRelay:
+    """Passes a stop asked of this process on (`_pass_on`) from a thread of its own, every
+    `PASS_ON_S`: the relay's calls to the Prefect API (a version's record, a log line) can
+    take a second on a loaded machine or against a remote server, and a learner that hears
+    of a Ctrl-C a second late trains on to a later version than the one it was on."""
+
+    def __init__(self, processes, stop, interrupt: Interrupt = INTERRUPT):
+        self.stepped = False  # the learner has reported a step: a stop waits for its next version
+        self.terminated: _Terminated | None = None
+        self._failure: Exception | None = None
+        self._processes, self._stop, self._interrupt = processes, stop, interrupt
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tandem-stop-relay", daemon=True)
+
+    def __enter__(self) -> _StopRelay:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._closed.set()
+        self._thread.join()
+
+    def passed_on(self) -> _Terminated | None:
+        """The learner's processes, if told to stop at once; raises what failed to tell them."""
+        if self._failure is not None:
+            raise self._failure
+        return self.terminated
+
+    def _run(self) -> None:
+        try:
+            while self.terminated is None and not self._closed.wait(PASS_ON_S):
+                self.terminated = _pass_on(self._processes, self._stop, self.stepped, self._interrupt)
+        except Exception as e:  # a learner cluster's scheduler gone, say: the relay fails the task with it
+            self._failure = e
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,6 +87,48 @@ def test_a_stop_before_the_learner_s_first_step_is_at_once():
     assert _pass_on(stepped=True, interrupt=interrupt)[0].why == "Ctrl-C twice"
 
 
+def test_a_stop_is_passed_on_from_a_thread_of_its_own():
+    """The relay's thread may be held in a call to the Prefect API for seconds; the stop
+    reaches the learner meanwhile (this thread stands for the busy relay)."""
+    from tasks.runtime.processes.task import _StopRelay
+
+    class Processes:
+        terminated = 0
+
+        def terminate(self):
+            self.terminated += 1
+
+    interrupt, processes, stop = Interrupt(), Processes(), threading.Event()
+    with _StopRelay(processes, stop, interrupt) as stopping:
+        stopping.stepped = True
+        interrupt.request(signal.SIGINT)
+        assert stop.wait(5)  # its next version
+        time.sleep(0.1)
+        assert (stopping.passed_on(), processes.terminated) == (None, 0)
+        interrupt.request(signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while stopping.passed_on() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (stopping.passed_on().why, processes.terminated) == ("Ctrl-C twice", 1)
+
+
+def test_a_stop_that_cannot_be_passed_on_fails_the_relay():
+    from tasks.runtime.processes.task import _StopRelay
+
+    class Processes:
+        def terminate(self):
+            raise ConnectionError("the learner cluster's scheduler is gone")
+
+    interrupt = Interrupt()
+    with _StopRelay(Processes(), threading.Event(), interrupt) as stopping:
+        interrupt.request(signal.SIGINT)  # before the first step: at once
+        deadline = time.monotonic() + 5
+        with pytest.raises(ConnectionError, match="scheduler is gone"):
+            while time.monotonic() < deadline:
+                stopping.passed_on()
+                time.sleep(0.01)
+
+
 def _learner(queue, pid_file, ignores_at_once: bool) -> None:
     """A local learner process as `tasks.runtime.processes.task` sets one up, training forever."""
     from tasks.runtime.processes.hosts import AT_ONCE

@@ -16,6 +16,7 @@ from tasks.config import EvalConfig
 from tasks.runtime.processes import task as task_module
 from tasks.runtime.processes import task_records
 from tasks.runtime.processes.hosts import LearnerProcesses
+from tasks.runtime.processes.interrupt import INTERRUPT
 from tasks.runtime.processes.relay import EventReader, LogForwarder
 
 SPEC = SimpleNamespace(name="t", learner=SimpleNamespace(steps=8), run_dir=Path("/nonexistent/run"),
@@ -113,6 +114,26 @@ def test_the_task_keeps_the_versions_table(monkeypatch):
                                 records())
     assert result["step"] == 16
     assert [[r["version"] for r in fields["rows"]] for fields in recorded] == [[3], [3, 4]]
+
+
+def test_a_ctrl_c_reaches_the_learner_while_the_task_waits_on_prefect(monkeypatch):
+    """A version's record that takes seconds (a loaded or remote Prefect server) does not
+    hold a Ctrl-C back from the learner: it would train on to a later version."""
+    stop, passed = multiprocessing.Event(), []
+
+    def slow_record(**fields):
+        INTERRUPT.request(signal.SIGINT)
+        passed.append(stop.wait(3))  # the call lasts until the stop is passed on, or 3 s
+
+    monkeypatch.setattr(task_records, "record_version", slow_record)
+    events = ScriptedEvents([("version", {"version": 1, "row": {"version": 1, "step": 4}}),
+                             ("done", {"step": 4, "version": 1, "stopped": "interrupted", "message": "interrupted"})])
+    processes = SimpleNamespace(failed=lambda: False, terminate=lambda: None)
+    try:
+        result = task_module._relay(events, processes, Log(), SPEC, stop, records())
+    finally:
+        INTERRUPT.clear()
+    assert passed == [True] and result["stopped"] == "interrupted"
 
 
 def test_warnings_of_parts_without_a_log_reach_the_task():
