@@ -136,7 +136,10 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", choices=sorted(SIDES), default=["tandem", "transformers", "tunix"])
     parser.add_argument("--slots", type=int, nargs="*", default=[1, 8], help="none: no generation")
     parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    # Decode is the difference of a 1-token and a full call, each led by the same prefill
+    # (`decode_timing`): at 64 new tokens an 8-slot prefill (~12 s) outweighed the decoding
+    # (~5 s), and its drift moved Tandem's decode by up to 40% between rounds (BENCHMARKS (t'), (u)).
+    parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3, help="timed pairs in each system's run")
     parser.add_argument("--learner-rows", type=int, default=0, help="0: no learner comparison")
