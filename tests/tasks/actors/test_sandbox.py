@@ -292,7 +292,10 @@ def test_non_root_mode_is_as_strict():
             except sandbox.SandboxUnavailable as e:
                 print(json.dumps(dict(unavailable=str(e))))
                 sys.exit()
-            bomb = sandbox.run({PRINT_NS!r} + "for _ in range(7):\\n    os.fork()", Limits(processes=8))
+            # The first process alone forks past the limit, so that the refused fork is its own
+            # (its exit tells the limit): with 7 forks it could make all of them before any child
+            # forked (8 processes, within the limit), exit 0, and leave the refusals to children.
+            bomb = sandbox.run({PRINT_NS!r} + "for _ in range(16):\\n    os.fork()", Limits(processes=8))
             bomb_returned = _now()
             memory = sandbox.run("import os, time\\nfor _ in range(3):\\n    os.fork()\\n"
                                  "x = bytearray(40 << 20)\\ntime.sleep(2)", Limits(memory_mb=128, wall_s=10))
