@@ -195,6 +195,7 @@ def _relay(events, processes: LearnerProcesses, log, spec: RunSpec, stop, record
                 return terminated.result()
             if (event := events.get(timeout_s=0.2)) is None:
                 if events.gone or processes.failed():  # gone: its end of the pipe closed, maybe mid-message
+                    terminated = stopping.passed_on()  # told to stop at once meanwhile, it may have ended so
                     return terminated.result() if terminated else None
                 continue
             kind, payload = event
