@@ -223,8 +223,8 @@ def _relay(events, processes: LearnerProcesses, log, spec: RunSpec, stop, record
                     records.collect(wait_s=records.last_wait_s)
                 return payload
             elif kind == "error":
-                if stopping.terminated:
-                    return stopping.terminated.result()
+                if (terminated := stopping.passed_on()) is not None:  # its error is the stop's
+                    return terminated.result()
                 message, unrecoverable = payload
                 raise (LearnerFailedUnrecoverably if unrecoverable else LearnerFailed)(message)
 
@@ -237,7 +237,7 @@ class _StopRelay:
 
     def __init__(self, processes, stop, interrupt: Interrupt = INTERRUPT):
         self.stepped = False  # the learner has reported a step: a stop waits for its next version
-        self.terminated: _Terminated | None = None
+        self._terminated: _Terminated | None = None
         self._failure: Exception | None = None
         self._processes, self._stop, self._interrupt = processes, stop, interrupt
         self._closed = threading.Event()
@@ -255,12 +255,12 @@ class _StopRelay:
         """The learner's processes, if told to stop at once; raises what failed to tell them."""
         if self._failure is not None:
             raise self._failure
-        return self.terminated
+        return self._terminated
 
     def _run(self) -> None:
         try:
-            while self.terminated is None and not self._closed.wait(PASS_ON_S):
-                self.terminated = _pass_on(self._processes, self._stop, self.stepped, self._interrupt)
+            while self._terminated is None and not self._closed.wait(PASS_ON_S):
+                self._terminated = _pass_on(self._processes, self._stop, self.stepped, self._interrupt)
         except Exception as e:  # a learner cluster's scheduler gone, say: the relay fails the task with it
             self._failure = e
 

@@ -63,16 +63,19 @@ def test_processes_started_while_sigint_is_blocked_never_see_it_and_none_is_lost
         child.join()
 
 
+class _Processes:
+    """The learner's processes, as far as a stop touches them: counts the terminations."""
+
+    terminated = 0
+
+    def terminate(self):
+        self.terminated += 1
+
+
 def _pass_on(stepped: bool, interrupt: Interrupt):
     from tasks.runtime.processes.task import _pass_on
 
-    class Processes:
-        terminated = 0
-
-        def terminate(self):
-            self.terminated += 1
-
-    processes, stop = Processes(), threading.Event()
+    processes, stop = _Processes(), threading.Event()
     return _pass_on(processes, stop, stepped=stepped, interrupt=interrupt), processes.terminated, stop.is_set()
 
 
@@ -92,13 +95,7 @@ def test_a_stop_is_passed_on_from_a_thread_of_its_own():
     reaches the learner meanwhile (this thread stands for the busy relay)."""
     from tasks.runtime.processes.task import _StopRelay
 
-    class Processes:
-        terminated = 0
-
-        def terminate(self):
-            self.terminated += 1
-
-    interrupt, processes, stop = Interrupt(), Processes(), threading.Event()
+    interrupt, processes, stop = Interrupt(), _Processes(), threading.Event()
     with _StopRelay(processes, stop, interrupt) as stopping:
         stopping.stepped = True
         interrupt.request(signal.SIGINT)
